@@ -1,0 +1,161 @@
+// The operations of OpenMLA (DESIGN §2). Every operation takes a plain arguments struct of views
+// and caller-owned buffers, and a stream; it validates everything first and returns a Status naming
+// the argument on bad input. The backend is chosen from where the tensors live (all must agree):
+// CPU tensors run on the CPU backend (the stream is ignored), CUDA tensors on the GPU backend.
+//
+// Optional arguments are empty views (`TensorView{}` / `KVCache{}`).
+// `softmax_scale <= 0` means the default 1/sqrt(d_qk).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "openmla/kv_format.h"
+#include "openmla/status.h"
+#include "openmla/tensor.h"
+
+namespace openmla {
+
+// A cudaStream_t, without making this header depend on CUDA. nullptr is the default stream.
+using Stream = void*;
+
+// Caller-owned scratch memory on the operation's device; size from the *_workspace_size functions.
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Split-KV schedule (dense and sparse decode).
+//
+// The keys of each request are cut into splits and the splits dealt over `num_sm_parts` workers
+// so every worker gets about the same number of key blocks (plus a fixed cost per split). The
+// schedule depends only on the per-request key counts, so one schedule serves every layer of a
+// decode step. Layout (int32, row-major):
+//   metadata  [num_sm_parts, kScheduleMetadataInts]: per worker
+//             {begin_request, begin_token, end_request, end_token, begin_split, 0, 0, 0}:
+//             the worker walks tokens [begin_token, ...) of begin_request through
+//             [..., end_token) of end_request (end exclusive; requests in between whole);
+//             begin_split is the global index of its first split.
+//   num_splits [batch + 1]: exclusive prefix sum of splits per request (num_splits[batch] = total).
+// Tokens are counted in units of `block_tokens` (split boundaries fall on multiples of it).
+constexpr int kScheduleMetadataInts = 8;
+
+struct DecodeScheduleArgs {
+  TensorView seqlens;  // [batch] int32: keys per request (cache_seqlens, or topk/topk_length)
+  int s_q = 1;         // query tokens per request
+  int h_q = 128;       // query heads
+  int h_kv = 1;        // kv heads
+  int num_sm_parts = 0;     // 0: derive from the device (CPU: one per thread)
+  int block_tokens = 64;    // split granularity in keys
+  TensorView metadata;      // out [num_sm_parts, kScheduleMetadataInts] int32
+  TensorView num_splits;    // out [batch + 1] int32
+};
+
+// How many workers a schedule for these shapes uses on `device` (the metadata's first dim).
+Status decode_num_sm_parts(Device device, int s_q, int h_q, int h_kv, int* num_sm_parts);
+Status plan_decode_schedule(const DecodeScheduleArgs& args, Stream stream = nullptr);
+
+// A computed schedule passed to decode. Empty: the operation plans on its own (CPU: always fine;
+// CUDA: planned into the workspace, still graph-capturable).
+struct DecodeSchedule {
+  TensorView metadata;    // [num_sm_parts, kScheduleMetadataInts] int32
+  TensorView num_splits;  // [batch + 1] int32
+};
+
+// ---------------------------------------------------------------------------------------------
+// Dense decode (DESIGN §2.1): V3/V3.1 MLA in its absorbed (MQA) form.
+struct DenseDecodeArgs {
+  TensorView q;              // [b, s_q, h_q, d_qk] bf16|fp16, last dim contiguous
+  TensorView k_cache;        // [num_blocks, page_size, h_kv, d_qk] q's dtype, last dim contiguous
+  TensorView block_table;    // [b, max_blocks] int32
+  TensorView cache_seqlens;  // [b] int32, 0 allowed, <= max_blocks * page_size
+  int d_v = 512;
+  float softmax_scale = 0.f;
+  bool causal = false;       // query j of request i sees keys t <= L_i - s_q + j
+  DecodeSchedule schedule;   // optional
+  TensorView out;            // [b, s_q, h_q, d_v] q's dtype
+  TensorView lse;            // [b, h_q, s_q] fp32 (natural log; +inf for a lonely query)
+  Workspace workspace;       // dense_decode_workspace_size bytes
+};
+size_t dense_decode_workspace_size(Device device, int batch, int s_q, int h_q, int h_kv, int d_v);
+Status dense_decode(const DenseDecodeArgs& args, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Sparse decode (DESIGN §2.2): V3.2 DSA, V4, V4.1. One kv head; indices address cache slots
+// `block * page_size + offset` directly; an index < 0 or >= num_blocks * page_size is ignored.
+struct SparseDecodeArgs {
+  TensorView q;                 // [b, s_q, h_q, d_qk] bf16, last dim contiguous
+  KVCache k_cache;              // any format; d_qk must match q
+  TensorView indices;           // [b, s_q, topk] int32
+  TensorView topk_length;       // optional [b] int32: only the first topk_length[i] entries count
+                                // (clamped to [0, topk])
+  KVCache extra_k_cache;        // optional second cache, attended in the same softmax
+  TensorView extra_indices;     // [b, s_q, extra_topk] int32 (with extra_k_cache)
+  TensorView extra_topk_length; // optional [b] int32
+  TensorView attn_sink;         // optional [h_q] fp32: out *= 1 / (1 + exp(sink - lse))
+  int d_v = 512;
+  float softmax_scale = 0.f;
+  DecodeSchedule schedule;      // optional
+  TensorView out;               // [b, s_q, h_q, d_v] bf16
+  TensorView lse;               // [b, h_q, s_q] fp32 (without the sink)
+  Workspace workspace;
+};
+size_t sparse_decode_workspace_size(Device device, int batch, int s_q, int h_q, int d_v);
+Status sparse_decode(const SparseDecodeArgs& args, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Sparse prefill (DESIGN §2.3).
+struct SparsePrefillArgs {
+  TensorView q;            // [s_q, h_q, d_qk] bf16, last dim contiguous
+  TensorView kv;           // [s_kv, h_kv, d_qk] bf16, last dim contiguous
+  TensorView indices;      // [s_q, h_kv, topk] int32; invalid: < 0 or >= s_kv
+  TensorView topk_length;  // optional [s_q] int32 (clamped to [0, topk])
+  TensorView attn_sink;    // optional [h_q] fp32
+  int d_v = 512;
+  float softmax_scale = 0.f;
+  TensorView out;          // [s_q, h_q, d_v] bf16
+  TensorView max_logits;   // [s_q, h_q] fp32 (max scaled logit; -inf for a lonely query)
+  TensorView lse;          // [s_q, h_q] fp32 (+inf for a lonely query)
+  Workspace workspace;
+};
+size_t sparse_prefill_workspace_size(Device device, int s_q, int h_q, int d_v);
+Status sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Merge of partial attention states (DESIGN §2.4): lse = log Σ exp(lse_i),
+// out = Σ exp(lse_i - lse) · out_i. A part whose lse is ±inf or NaN holds no keys and is skipped
+// (decode reports a lonely query as lse = +inf); when no part holds keys, out = 0 and lse = +inf.
+struct MergeStatesArgs {
+  TensorView part_out;  // [n, tokens, heads, d_v] fp32|bf16|fp16, last dim contiguous
+  TensorView part_lse;  // [n, tokens, heads] fp32 (any strides: a [n, b, h, s] lse fits as a view)
+  TensorView out;       // [tokens, heads, d_v] fp32|bf16|fp16
+  TensorView lse;       // optional [tokens, heads] fp32
+};
+Status merge_attention_states(const MergeStatesArgs& args, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// KV-cache write (DESIGN §2.5): quantise `kv[i]` into slot `slot_mapping[i]` = block * page_size +
+// offset. -1 skips; like every index, a slot outside [0, num_blocks * page_size) is skipped (never
+// written), on every backend. Two rows naming one slot: which one lands is unspecified.
+struct KVCacheWriteArgs {
+  TensorView kv;            // [n, d_qk] bf16 (fp32 also accepted), last dim contiguous
+  TensorView slot_mapping;  // [n] int32|int64
+  KVCache cache;            // any format
+};
+Status kv_cache_write(const KVCacheWriteArgs& args, Stream stream = nullptr);
+
+// Dequantises the tokens at `slots` into `out` (an invalid slot gives a row of zeros).
+struct KVCacheGatherArgs {
+  KVCache cache;
+  TensorView slots;  // [n] int32|int64
+  TensorView out;    // [n, d_qk] fp32|bf16
+};
+Status kv_cache_gather(const KVCacheGatherArgs& args, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// What this build can run: the CUDA backend compiled in, and a device's SM arch (e.g. 90).
+bool cuda_backend_available();
+Status cuda_device_arch(int device_index, int* sm_arch);
+
+}  // namespace openmla

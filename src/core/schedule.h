@@ -1,0 +1,27 @@
+// Split-KV schedule planning on the host (the specification of the GPU planner; DESIGN §2.1).
+//
+// Work of request i is  blocks_i = ceil(seqlen_i / block_tokens)  plus a fixed cost per split
+// (`split_overhead_blocks`, the price of reloading q and writing a partial). The total is dealt in
+// equal shares over `num_sm_parts` workers in request order; a request that straddles a share
+// boundary is split there. Requests with seqlen 0 get one (empty) split so their output is written.
+#pragma once
+
+#include <cstdint>
+
+#include "openmla/ops.h"
+
+namespace openmla::core {
+
+constexpr int kScheduleSplitOverheadBlocks = 5;
+
+// metadata: [num_sm_parts, kScheduleMetadataInts], num_splits: [batch + 1] (contiguous).
+void plan_decode_schedule_host(const int32_t* seqlens, int batch, int num_sm_parts,
+                               int block_tokens, int split_overhead_blocks, int32_t* metadata,
+                               int32_t* num_splits);
+
+// A bound on the number of splits any schedule of this size holds (workspace sizing).
+inline int64_t max_schedule_splits(int64_t batch, int64_t num_sm_parts) {
+  return batch + num_sm_parts;
+}
+
+}  // namespace openmla::core

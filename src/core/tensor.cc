@@ -1,0 +1,87 @@
+#include "openmla/tensor.h"
+
+#include <cassert>
+#include <sstream>
+
+namespace openmla {
+
+size_t dtype_size_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+    case DType::kFP16: return 2;
+    case DType::kFP32:
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kUInt8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return "bf16";
+    case DType::kFP16: return "fp16";
+    case DType::kFP32: return "fp32";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
+  }
+  return "unknown";
+}
+
+std::string device_name(Device device) {
+  if (device.type == DeviceType::kCPU) return "cpu";
+  return "cuda:" + std::to_string(device.index);
+}
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                                  Device device) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = static_cast<int>(shape.size());
+  assert(t.rank <= kMaxTensorRank);
+  int i = 0;
+  for (int64_t s : shape) t.shape[i++] = s;
+  int64_t stride = 1;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.shape[d];
+  }
+  return t;
+}
+
+TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                               std::initializer_list<int64_t> strides, Device device) {
+  TensorView t = contiguous(data, dtype, shape, device);
+  assert(strides.size() == shape.size());
+  int i = 0;
+  for (int64_t s : strides) t.strides[i++] = s;
+  return t;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int d = 0; d < rank; ++d) n *= shape[d];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t stride = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (shape[d] != 1 && strides[d] != stride) return false;
+    stride *= shape[d];
+  }
+  return true;
+}
+
+std::string TensorView::shape_string() const {
+  std::ostringstream os;
+  os << "[";
+  for (int d = 0; d < rank; ++d) os << (d ? ", " : "") << shape[d];
+  os << "]";
+  return os.str();
+}
+
+}  // namespace openmla

@@ -1,0 +1,20 @@
+// The CPU reference backend: every operation, exactly DESIGN §2, float32 math with
+// double-precision softmax sums where it is cheap, OpenMP over independent rows.
+// Arguments arrive validated (src/core/validate.h); nothing here re-checks shapes.
+#pragma once
+
+#include "core/validate.h"
+#include "openmla/ops.h"
+
+namespace openmla::cpu {
+
+Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape);
+Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape);
+Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape);
+Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape);
+Status kv_cache_write(const KVCacheWriteArgs& args, const core::KVCacheWriteShape& shape);
+Status kv_cache_gather(const KVCacheGatherArgs& args, const core::KVCacheWriteShape& shape);
+Status plan_decode_schedule(const DecodeScheduleArgs& args, const core::DecodeScheduleShape& shape);
+int num_threads();
+
+}  // namespace openmla::cpu

@@ -1,0 +1,28 @@
+// The GPU backend's entry points, called by src/api once arguments are validated. Each dispatches
+// on the device's arch and on the shapes to a kernel family under sm90/, or returns
+// NotImplemented naming what was asked and what exists. Built only with OPENMLA_ENABLE_CUDA.
+#pragma once
+
+#include "core/validate.h"
+#include "openmla/ops.h"
+
+namespace openmla::cuda {
+
+Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape, Stream stream);
+size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int h_kv, int d_v);
+Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
+                     Stream stream);
+Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
+                      Stream stream);
+Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,
+                              Stream stream);
+Status kv_cache_write(const KVCacheWriteArgs& args, const core::KVCacheWriteShape& shape,
+                      Stream stream);
+Status kv_cache_gather(const KVCacheGatherArgs& args, const core::KVCacheWriteShape& shape,
+                       Stream stream);
+Status plan_decode_schedule(const DecodeScheduleArgs& args, const core::DecodeScheduleShape& shape,
+                            Stream stream);
+Status decode_num_sm_parts(int device_index, int s_q, int h_q, int h_kv, int* num_sm_parts);
+Status device_arch(int device_index, int* sm_arch);
+
+}  // namespace openmla::cuda
