@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test that can run on this machine: the C++ CPU tier (ctest) and the Python package's
+# tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are compiled too, so a
+# register spill in any kernel fails here. GPU tests run on a Hopper GPU via tools/device_check.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+build=${OPENMLA_BUILD_DIR:-build}
+
+echo "== C++: configure and build ($build, $jobs jobs)"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build.configure.log" 2>&1 ||
+  { cat "$build.configure.log"; exit 1; }
+grep -E "OpenMLA CUDA backend|CUTLASS headers" "$build.configure.log" || true
+cmake --build "$build" -j "$jobs"
+
+echo "== C++: tests"
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-$jobs} ctest --test-dir "$build" --output-on-failure
+
+if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
+  echo "== Python: install the package into a fresh venv and run pytest"
+  venv="$build/venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  # The CPU-only wheel: the CUDA kernels were already compiled (and spill-checked) above.
+  "$venv/bin/python" -m pip install -q . -Ccmake.define.OPENMLA_CUDA=OFF -Cbuild-dir="$build/wheel"
+  "$venv/bin/python" -m pip install -q pytest numpy ml_dtypes
+  "$venv/bin/python" -m pytest -q tests/python -m "not gpu"
+fi
+echo "== all tests passed"
