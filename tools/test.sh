@@ -8,9 +8,10 @@ jobs=$(nproc)
 build=${OPENMLA_BUILD_DIR:-build}
 
 echo "== C++: configure and build ($build, $jobs jobs)"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log"; exit 1; }
-grep -E "OpenMLA CUDA backend|CUTLASS headers" "$build.configure.log" || true
+mkdir -p "$build"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; exit 1; }
+grep -E "OpenMLA CUDA backend|CUTLASS headers" "$build/configure.log" || true
 cmake --build "$build" -j "$jobs"
 
 echo "== C++: tests"

@@ -81,8 +81,11 @@ struct KVCache {
   int64_t num_tokens() const { return num_blocks * layout.page_size; }
 };
 
-// Validates a layout: parts inside the block, no overlap of two tokens' parts, alignment
-// (data 16 B, scales 4 B for f32 scales, rope 2 B). `arg` names the argument in the message.
+// Validates a layout: parts inside the block, no overlap of any two tokens' parts, alignment of
+// offsets and strides to the element type (bf16/fp16 data and rope 2 B, fp8_v32's f32 scales 4 B;
+// the token-interleaved fp8_model1 stride, 584 B, rules out more). `arg` names the layout, e.g.
+// "k_cache.layout" → "k_cache.layout.block_stride: expected >= ...". Fields of parts a format
+// lacks are ignored.
 Status check_kv_layout(const KVLayout& layout, const char* arg);
 
 }  // namespace openmla

@@ -28,7 +28,8 @@ const std::array<float, 256>& e4m3_table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
     for (int bits = 0; bits < 256; ++bits) {
-      const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(bits), __NV_E4M3);
+      const __half_raw h =
+          __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(bits), __NV_E4M3);
       t[bits] = fp16_to_float(h.x);
     }
     return t;
@@ -40,7 +41,8 @@ const std::array<float, 16>& e2m1_table() {
   static const std::array<float, 16> table = [] {
     std::array<float, 16> t{};
     for (int bits = 0; bits < 16; ++bits) {
-      const __half_raw h = __nv_cvt_fp4_to_halfraw(static_cast<__nv_fp4_storage_t>(bits), __NV_E2M1);
+      const __half_raw h =
+          __nv_cvt_fp4_to_halfraw(static_cast<__nv_fp4_storage_t>(bits), __NV_E2M1);
       t[bits] = fp16_to_float(h.x);
     }
     return t;
@@ -97,8 +99,8 @@ void encode_pow2_e4m3(const KVFormatInfo& info, bool f32_scales, const float* x,
   std::fill(p.scale + info.num_scales * scale_width, p.scale + info.scale_bytes, uint8_t{0});
 }
 
-void decode_pow2_e4m3(const KVFormatInfo& info, bool f32_scales,
-                      const TokenParts<const uint8_t>& p, float* out) {
+void decode_pow2_e4m3(const KVFormatInfo& info, bool f32_scales, const TokenParts<const uint8_t>& p,
+                      float* out) {
   const std::array<float, 256>& e4m3 = e4m3_table();
   for (int g = 0; g < info.num_scales; ++g) {
     const float scale = f32_scales ? load_f32(p.scale + 4 * g) : e8m0_to_float(p.scale[g]);
@@ -158,7 +160,8 @@ uint16_t float_to_fp16(float x) { return static_cast<__half_raw>(__float2half_rn
 float e4m3_to_float(uint8_t bits) { return e4m3_table()[bits]; }
 
 uint8_t float_to_e4m3(float x) {
-  // The toolkit keeps NaN's sign (0xFF for -NaN); codec.h promises 0x7F.
+  // codec.h promises 0x7F for every NaN; the toolkit's float path agrees, its double path
+  // keeps the sign (0xFF), so the contract is pinned here rather than left to it.
   if (std::isnan(x)) return 0x7F;
   return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
 }
@@ -227,9 +230,7 @@ void encode_token(const KVLayout& layout, const float* x, uint8_t* block, int to
         store_u16(p.rope + 2 * i, float_to_bf16(x[info.quantized_dims + i]));
       }
       return;
-    case KVFormat::kFP4:
-      encode_fp4(info, x, p);
-      return;
+    case KVFormat::kFP4: encode_fp4(info, x, p); return;
   }
 }
 
@@ -251,9 +252,7 @@ void decode_token(const KVLayout& layout, const uint8_t* block, int token, float
         out[info.quantized_dims + i] = bf16_to_float(load_u16(p.rope + 2 * i));
       }
       return;
-    case KVFormat::kFP4:
-      decode_fp4(info, p, out);
-      return;
+    case KVFormat::kFP4: decode_fp4(info, p, out); return;
   }
 }
 

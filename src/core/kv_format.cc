@@ -9,9 +9,9 @@ namespace openmla {
 
 namespace {
 
-constexpr std::array<KVFormat, 6> kAllFormats = {KVFormat::kBF16,       KVFormat::kFP16,
-                                                 KVFormat::kFP8_V32,    KVFormat::kFP8_Model1,
-                                                 KVFormat::kFP8_MX,     KVFormat::kFP4};
+constexpr std::array<KVFormat, 6> kAllFormats = {KVFormat::kBF16,    KVFormat::kFP16,
+                                                 KVFormat::kFP8_V32, KVFormat::kFP8_Model1,
+                                                 KVFormat::kFP8_MX,  KVFormat::kFP4};
 
 // Sanity caps that keep every offset + token * stride product far from int64 overflow.
 constexpr int kMaxPageSize = 1 << 20;
@@ -47,12 +47,17 @@ int layout_parts(const KVLayout& layout, Part parts[3]) {
   return n;
 }
 
-std::string field(const char* arg, const char* name) {
-  return std::string(arg) + ".layout." + name;
-}
+// `arg` names the layout itself ("sparse_decode: k_cache.layout").
+std::string field(const char* arg, const char* name) { return std::string(arg) + "." + name; }
 
 std::string interval(int64_t begin, int64_t end) {
-  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  // Appending (not "[" + std::string) sidesteps a GCC 12 -Wrestrict false positive.
+  std::string s = "[";
+  s += std::to_string(begin);
+  s += ", ";
+  s += std::to_string(end);
+  s += ")";
+  return s;
 }
 
 // Finds a token of `b` whose bytes overlap token `t` of `a`, or returns -1. b's intervals are
@@ -61,8 +66,8 @@ std::string interval(int64_t begin, int64_t end) {
 int64_t overlapping_token(const Part& a, int64_t t, const Part& b, int64_t page_size) {
   const int64_t a_begin = a.begin(t), a_end = a.end(t);
   if (a_end <= b.offset) return -1;
-  int64_t u = b.stride > 0 ? (a_end - 1 - b.offset) / b.stride : page_size - 1;
-  u = std::min(u, page_size - 1);
+  // b.stride >= b.bytes > 0, checked before.
+  const int64_t u = std::min((a_end - 1 - b.offset) / b.stride, page_size - 1);
   return b.end(u) > a_begin ? u : -1;
 }
 
@@ -71,8 +76,8 @@ Status check_part(const Part& part, const KVLayout& layout, int alignment, const
   const std::string offset_name = std::string(part.name) + "_offset";
   const std::string stride_name = std::string(part.name) + "_stride";
   if (part.offset < 0 || part.offset >= kMaxOffsetBytes) {
-    return Status::InvalidArgument(field(arg, offset_name.c_str()) + ": expected in [0, 2^40), got " +
-                                   std::to_string(part.offset));
+    return Status::InvalidArgument(field(arg, offset_name.c_str()) +
+                                   ": expected in [0, 2^40), got " + std::to_string(part.offset));
   }
   if (part.stride < part.bytes || part.stride >= kMaxOffsetBytes) {
     return Status::InvalidArgument(
@@ -82,10 +87,10 @@ Status check_part(const Part& part, const KVLayout& layout, int alignment, const
   }
   if (part.offset % alignment != 0 || part.stride % alignment != 0) {
     const bool offset_bad = part.offset % alignment != 0;
-    return Status::InvalidArgument(
-        field(arg, (offset_bad ? offset_name : stride_name).c_str()) + ": expected a multiple of " +
-        std::to_string(alignment) + " bytes (" + why + "), got " +
-        std::to_string(offset_bad ? part.offset : part.stride));
+    return Status::InvalidArgument(field(arg, (offset_bad ? offset_name : stride_name).c_str()) +
+                                   ": expected a multiple of " + std::to_string(alignment) +
+                                   " bytes (" + why + "), got " +
+                                   std::to_string(offset_bad ? part.offset : part.stride));
   }
   return Status::Ok();
 }
@@ -114,15 +119,12 @@ std::optional<KVFormat> kv_format_from_name(const std::string& name) {
 KVFormatInfo kv_format_info(KVFormat format, int d_qk) {
   switch (format) {
     case KVFormat::kBF16:
-    case KVFormat::kFP16:
-      return {format, d_qk, d_qk, 0, 0, 0, 2 * d_qk, 0, 0, 2 * d_qk};
-    case KVFormat::kFP8_V32:
-      return {format, 576, 512, 64, 128, 4, 512, 16, 128, 656};
+    case KVFormat::kFP16: return {format, d_qk, d_qk, 0, 0, 0, 2 * d_qk, 0, 0, 2 * d_qk};
+    case KVFormat::kFP8_V32: return {format, 576, 512, 64, 128, 4, 512, 16, 128, 656};
     case KVFormat::kFP8_Model1:
       // 7 e8m0 scales + 1 pad byte.
       return {format, 512, 448, 64, 64, 7, 448, 8, 128, 584};
-    case KVFormat::kFP8_MX:
-      return {format, 512, 512, 0, 32, 16, 512, 16, 0, 528};
+    case KVFormat::kFP8_MX: return {format, 512, 512, 0, 32, 16, 512, 16, 0, 528};
     case KVFormat::kFP4:
       // Two e2m1 per byte; e4m3 scales.
       return {format, 512, 512, 0, 16, 32, 256, 32, 0, 288};
@@ -189,11 +191,8 @@ KVLayout interleaved_kv_layout(KVFormat format, int page_size, int d_qk) {
       layout.scale_offset = info.data_bytes + info.rope_bytes;
       break;
     case KVFormat::kFP8_MX:
-    case KVFormat::kFP4:
-      layout.scale_offset = info.data_bytes;
-      break;
-    default:
-      break;
+    case KVFormat::kFP4: layout.scale_offset = info.data_bytes; break;
+    default: break;
   }
   return layout;
 }
@@ -260,26 +259,24 @@ Status check_kv_layout(const KVLayout& layout, const char* arg) {
       for (int64_t t = 0; t <= last; ++t) {
         const int64_t u = overlapping_token(a, t, b, layout.page_size);
         if (u < 0) continue;
-        return Status::InvalidArgument(
-            std::string(arg) + ".layout: token " + std::to_string(t) + "'s " + a.name +
-            " bytes " + interval(a.begin(t), a.end(t)) + " overlap token " + std::to_string(u) +
-            "'s " + b.name + " bytes " + interval(b.begin(u), b.end(u)));
+        return Status::InvalidArgument(std::string(arg) + ": token " + std::to_string(t) + "'s " +
+                                       a.name + " bytes " + interval(a.begin(t), a.end(t)) +
+                                       " overlap token " + std::to_string(u) + "'s " + b.name +
+                                       " bytes " + interval(b.begin(u), b.end(u)));
       }
     }
   }
 
   const int64_t footprint = kv_block_footprint_bytes(layout);
   if (layout.block_stride < footprint) {
-    return Status::InvalidArgument(field(arg, "block_stride") + ": expected >= " +
-                                   std::to_string(footprint) +
-                                   " bytes (the block's footprint), got " +
-                                   std::to_string(layout.block_stride));
+    return Status::InvalidArgument(
+        field(arg, "block_stride") + ": expected >= " + std::to_string(footprint) +
+        " bytes (the block's footprint), got " + std::to_string(layout.block_stride));
   }
   if (layout.block_stride % block_alignment != 0) {
-    return Status::InvalidArgument(field(arg, "block_stride") + ": expected a multiple of " +
-                                   std::to_string(block_alignment) +
-                                   " bytes (the alignment of its parts), got " +
-                                   std::to_string(layout.block_stride));
+    return Status::InvalidArgument(
+        field(arg, "block_stride") + ": expected a multiple of " + std::to_string(block_alignment) +
+        " bytes (the alignment of its parts), got " + std::to_string(layout.block_stride));
   }
   return Status::Ok();
 }
