@@ -34,9 +34,10 @@ struct Workspace {
 // decode step. Layout (int32, row-major):
 //   metadata  [num_sm_parts, kScheduleMetadataInts]: per worker
 //             {begin_request, begin_token, end_request, end_token, begin_split, 0, 0, 0}:
-//             the worker walks tokens [begin_token, ...) of begin_request through
-//             [..., end_token) of end_request (end exclusive; requests in between whole);
-//             begin_split is the global index of its first split.
+//             the worker walks requests begin_request ..= end_request (end_request
+//             inclusive), request r over tokens [r == begin_request ? begin_token : 0,
+//             r == end_request ? end_token : seqlen_r) (end_token exclusive), one split each,
+//             numbered from begin_split; an idle worker has begin_request > end_request.
 //   num_splits [batch + 1]: exclusive prefix sum of splits per request (num_splits[batch] = total).
 // Tokens are counted in units of `block_tokens` (split boundaries fall on multiples of it).
 constexpr int kScheduleMetadataInts = 8;

@@ -1,0 +1,77 @@
+// The split-KV planner (src/core/schedule.h). Integer arithmetic only, one pass in request order,
+// so a GPU planner reproduces it bit for bit.
+//
+// Lay the requests on a line of cost units: request i occupies [C_i, C_{i+1}), its
+// split_overhead_blocks units first, then one unit per key block (C = prefix sum of
+// blocks_i + overhead, total T = C_batch). Worker w owns the share [w * S, (w + 1) * S) with
+// S = ceil(T / num_sm_parts). A share boundary x inside request r becomes the block boundary
+//   k = max(0, x - C_r - overhead)   (0 <= k < blocks_r):
+// k > 0 splits request r after k blocks; k = 0 (x inside the overhead) puts all of r in the next
+// worker. So every worker does at most S + overhead units (a continued request pays its overhead
+// again), each request is covered exactly once and in order, and a request with no keys lands
+// whole in one worker (one empty split).
+//
+// Reading a worker's metadata row {begin_request, begin_token, end_request, end_token, ...}:
+// it walks requests begin_request ..= end_request (end_request inclusive), request r over tokens
+// [r == begin_request ? begin_token : 0, r == end_request ? end_token : seqlen_r), one split
+// each, numbered from begin_split. An idle worker has begin_request > end_request.
+#include "core/schedule.h"
+
+#include <algorithm>
+
+namespace openmla::core {
+
+void plan_decode_schedule_host(const int32_t* seqlens, int batch, int num_sm_parts,
+                               int block_tokens, int split_overhead_blocks, int32_t* metadata,
+                               int32_t* num_splits) {
+  const int64_t parts = std::max(num_sm_parts, 1);
+  const int64_t tokens_per_block = std::max(block_tokens, 1);
+  const int64_t overhead = std::max(split_overhead_blocks, 0);
+  auto seqlen = [&](int64_t i) { return std::max<int64_t>(seqlens[i], 0); };
+  auto blocks = [&](int64_t i) { return (seqlen(i) + tokens_per_block - 1) / tokens_per_block; };
+
+  int64_t total = 0;
+  for (int64_t i = 0; i < batch; ++i) total += blocks(i) + overhead;
+  const int64_t share = (total + parts - 1) / parts;
+
+  // The walk: (request, block) of the current boundary, and the cost where `request` begins.
+  int64_t request = 0, request_cost = 0;
+  int64_t begin_request = 0, begin_block = 0;
+  int64_t split = 0;
+  num_splits[0] = 0;
+  for (int64_t w = 0; w < parts; ++w) {
+    // The boundary at the end of worker w's share.
+    int64_t end_request = batch, end_block = 0;
+    if (w + 1 < parts) {
+      const int64_t x = (w + 1) * share;
+      while (request < batch && request_cost + blocks(request) + overhead <= x) {
+        request_cost += blocks(request) + overhead;
+        ++request;
+      }
+      if (request < batch) {
+        end_request = request;
+        end_block = std::max<int64_t>(0, x - request_cost - overhead);
+      }
+    }
+    // Pieces of requests begin_request .. last, where the last is end_request when the boundary
+    // splits it, else the request before it.
+    const int64_t last = end_block > 0 ? end_request : end_request - 1;
+    int32_t* m = metadata + w * kScheduleMetadataInts;
+    m[0] = static_cast<int32_t>(begin_request);
+    m[1] = static_cast<int32_t>(begin_block * tokens_per_block);
+    m[2] = static_cast<int32_t>(last);
+    m[3] = static_cast<int32_t>(end_block > 0 ? end_block * tokens_per_block
+                                              : (last >= 0 ? seqlen(last) : 0));
+    m[4] = static_cast<int32_t>(split);
+    m[5] = m[6] = m[7] = 0;
+    // Every request that ends inside this worker closes its split count.
+    for (int64_t r = begin_request; r <= last; ++r) {
+      ++split;
+      if (r < last || end_block == 0) num_splits[r + 1] = static_cast<int32_t>(split);
+    }
+    begin_request = end_request;
+    begin_block = end_block;
+  }
+}
+
+}  // namespace openmla::core

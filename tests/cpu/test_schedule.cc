@@ -1,0 +1,163 @@
+// The split-KV schedule planner (src/core/schedule.h, metadata layout in ops.h), checked by its
+// invariants on random and edge-case lengths: every request's tokens covered exactly once and in
+// order, split boundaries on block_tokens multiples, num_splits consistent with the pieces,
+// begin_split the running split count, and every worker within one share + one overhead.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/test_data.h"
+#include "core/schedule.h"
+#include "openmla/openmla.h"
+
+namespace openmla::testing {
+namespace {
+
+struct Plan {
+  std::vector<int32_t> metadata, num_splits;
+};
+
+Plan plan(const std::vector<int32_t>& seqlens, int parts, int block_tokens) {
+  Plan p;
+  p.metadata.assign(static_cast<size_t>(parts) * kScheduleMetadataInts, -99);
+  p.num_splits.assign(seqlens.size() + 1, -99);
+  core::plan_decode_schedule_host(seqlens.data(), static_cast<int>(seqlens.size()), parts,
+                                  block_tokens, core::kScheduleSplitOverheadBlocks,
+                                  p.metadata.data(), p.num_splits.data());
+  return p;
+}
+
+void check_invariants(const std::vector<int32_t>& seqlens, int parts, int block_tokens,
+                      const Plan& p) {
+  SCOPED_TRACE(::testing::Message() << "batch=" << seqlens.size() << " parts=" << parts
+                                    << " block_tokens=" << block_tokens);
+  const int64_t batch = seqlens.size();
+  const int64_t overhead = core::kScheduleSplitOverheadBlocks;
+  auto blocks = [&](int64_t len) { return (len + block_tokens - 1) / block_tokens; };
+  int64_t total = 0;
+  for (int32_t len : seqlens) total += blocks(len) + overhead;
+  const int64_t share = (total + parts - 1) / parts;
+
+  std::vector<int64_t> covered(batch, 0), pieces(batch, 0);  // next expected token, pieces seen
+  int64_t split = 0, last_request = -1;
+  for (int w = 0; w < parts; ++w) {
+    const int32_t* m = p.metadata.data() + w * kScheduleMetadataInts;
+    EXPECT_EQ(m[5], 0);
+    EXPECT_EQ(m[6], 0);
+    EXPECT_EQ(m[7], 0);
+    EXPECT_EQ(m[4], split) << "worker " << w << ": begin_split is the running split count";
+    int64_t cost = 0;
+    for (int64_t r = m[0]; r <= m[2]; ++r) {
+      ASSERT_GE(r, 0);
+      ASSERT_LT(r, batch);
+      const int64_t begin = r == m[0] ? m[1] : 0, end = r == m[2] ? m[3] : seqlens[r];
+      ASSERT_GE(r, last_request) << "requests in order";
+      last_request = r;
+      EXPECT_EQ(begin, covered[r]) << "request " << r << " continues where it stopped";
+      EXPECT_EQ(begin % block_tokens, 0);
+      EXPECT_TRUE(end == seqlens[r] || end % block_tokens == 0) << "split on a block boundary";
+      EXPECT_LE(end, seqlens[r]);
+      // Only a request with no keys has an empty piece (its one split).
+      if (seqlens[r] > 0) {
+        EXPECT_LT(begin, end) << "request " << r;
+      } else {
+        EXPECT_EQ(end, 0);
+      }
+      covered[r] = end;
+      ++pieces[r];
+      ++split;
+      cost += blocks(end) - begin / block_tokens + overhead;
+    }
+    EXPECT_LE(cost, share + overhead) << "worker " << w;
+  }
+  EXPECT_EQ(p.num_splits[0], 0);
+  for (int64_t r = 0; r < batch; ++r) {
+    EXPECT_EQ(covered[r], seqlens[r]) << "request " << r << " fully covered";
+    EXPECT_GE(pieces[r], 1);
+    EXPECT_EQ(p.num_splits[r + 1] - p.num_splits[r], pieces[r]) << "request " << r;
+  }
+  EXPECT_EQ(p.num_splits[batch], split);
+  EXPECT_LE(split, core::max_schedule_splits(batch, parts));
+}
+
+TEST(Schedule, RandomLengthsKeepInvariants) {
+  Rng rng(1);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t batch = rng.randint(0, 40);
+    const int parts = static_cast<int>(rng.randint(1, 140));
+    const int block_tokens = std::vector<int>{1, 16, 64}[rng.randint(0, 2)];
+    std::vector<int32_t> seqlens(batch);
+    for (int32_t& len : seqlens)
+      len = rng.coin(0.15) ? 0 : static_cast<int32_t>(rng.randint(1, 20000));
+    check_invariants(seqlens, parts, block_tokens, plan(seqlens, parts, block_tokens));
+  }
+}
+
+TEST(Schedule, EdgeCases) {
+  const struct {
+    std::vector<int32_t> seqlens;
+    int parts;
+  } cases[] = {
+      {{}, 4},                  // no requests
+      {{0, 0, 0}, 8},           // nothing to attend: one empty split each
+      {{1 << 20}, 132},         // one long request split over every worker
+      {{10, 3}, 200},           // far more workers than work
+      {{64, 64, 64, 64}, 1},    // one worker takes everything whole
+      {{0, 5000, 0, 1, 0}, 7},  // empty requests between long ones
+      {{4096, 4096, 4096, 4096}, 132},
+  };
+  for (const auto& c : cases) {
+    const Plan p = plan(c.seqlens, c.parts, 64);
+    check_invariants(c.seqlens, c.parts, 64, p);
+  }
+  // One long request: every worker gets a piece, so it is split parts ways.
+  const Plan p = plan({1 << 20}, 132, 64);
+  EXPECT_EQ(p.num_splits[1], 132);
+  // Workers past the work are idle (begin_request > end_request).
+  const Plan idle = plan({10, 3}, 200, 64);
+  int busy = 0;
+  for (int w = 0; w < 200; ++w) {
+    const int32_t* m = idle.metadata.data() + w * kScheduleMetadataInts;
+    busy += m[0] <= m[2];
+  }
+  EXPECT_EQ(busy, 2);
+}
+
+// The public entry point on CPU tensors plans the same schedule, for a strided seqlens view too.
+TEST(Schedule, PublicApiMatchesHostPlanner) {
+  Rng rng(7);
+  const int64_t batch = 9;
+  HostTensor seqlens(DType::kInt32, {batch}, {3});
+  std::vector<int32_t> lens(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    lens[i] = static_cast<int32_t>(rng.randint(0, 3000));
+    seqlens.set({i}, lens[i]);
+  }
+  int parts = 0;
+  ASSERT_TRUE(decode_num_sm_parts(Device::cpu(), 1, 128, 1, &parts).ok());
+  ASSERT_GE(parts, 1);
+  for (int requested : {0, 5}) {
+    const int rows = requested ? requested : parts;
+    HostTensor metadata(DType::kInt32, {rows, kScheduleMetadataInts}),
+        splits(DType::kInt32, {batch + 1});
+    DecodeScheduleArgs args;
+    args.seqlens = seqlens.view();
+    args.num_sm_parts = requested;
+    args.block_tokens = 64;
+    args.metadata = metadata.view();
+    args.num_splits = splits.view();
+    const Status st = plan_decode_schedule(args);
+    ASSERT_TRUE(st.ok()) << st.message();
+    const Plan ref = plan(lens, rows, 64);
+    std::vector<int32_t> got_meta, got_splits;
+    for (double v : metadata.values()) got_meta.push_back(static_cast<int32_t>(v));
+    for (double v : splits.values()) got_splits.push_back(static_cast<int32_t>(v));
+    EXPECT_EQ(got_meta, ref.metadata);
+    EXPECT_EQ(got_splits, ref.num_splits);
+    check_invariants(lens, rows, 64, ref);
+  }
+}
+
+}  // namespace
+}  // namespace openmla::testing
