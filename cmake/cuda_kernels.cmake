@@ -1,20 +1,33 @@
-# The CUDA backend: every .cu under src/cuda (one kernel instantiation per small file), built for
-# sm_90a. ptxas reports registers and fails the build on any register spill.
+# The CUDA backend: every .cu/.cc under src/cuda (one kernel instantiation per small file), built
+# for sm_90a. ptxas prints every kernel's registers, stack and spills into the build log (-v) and
+# fails the build on any register spill (-warn-spills + -Werror). -warn-lmem-usage is left out on
+# purpose: it also fails a kernel with a legitimate stack frame (printf, assert, a small indexed
+# local table); such frames still show as "bytes stack frame" in the log.
 file(GLOB_RECURSE OPENMLA_CUDA_SOURCES CONFIGURE_DEPENDS
      ${PROJECT_SOURCE_DIR}/src/cuda/*.cu ${PROJECT_SOURCE_DIR}/src/cuda/*.cc)
+
+# One CUDA runtime per binary: the library, the GPU tests and the tools all link the shared
+# libcudart (mixing it with cudart_static gives a program two runtimes). Set before any CUDA
+# target is created, so tests/ and bench/ inherit it.
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+
 add_library(openmla_cuda STATIC ${OPENMLA_CUDA_SOURCES})
 target_include_directories(openmla_cuda
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_include_directories(openmla_cuda SYSTEM PRIVATE ${OPENMLA_CUTLASS_INCLUDE}
                            ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_INCLUDE_DIRS}/cccl)
-target_link_libraries(openmla_cuda PUBLIC CUDA::cudart_static)
+# The backend uses core's names and formats (dtype_name, kv_format_name): cuda depends on core,
+# which lives in `openmla`. Static libraries may depend on each other; CMake repeats them on the
+# link line.
+target_link_libraries(openmla_cuda PUBLIC CUDA::cudart PRIVATE openmla)
 set_target_properties(openmla_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
-                                              CUDA_RESOLVE_DEVICE_SYMBOLS ON)
+                                              CUDA_RUNTIME_LIBRARY Shared)
 set(OPENMLA_CUDA_FLAGS
     -gencode=arch=compute_90a,code=sm_90a
     --expt-relaxed-constexpr --expt-extended-lambda
-    -Xptxas=-v,-warn-spills,-warn-lmem-usage,-Werror
+    -Xptxas=-v,-warn-spills,-Werror
+    -Xcompiler=-Wall,-Wextra
     -lineinfo)
 target_compile_options(openmla_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${OPENMLA_CUDA_FLAGS}>)
 target_compile_options(openmla_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${OPENMLA_HOST_WARNINGS}>)

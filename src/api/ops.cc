@@ -30,7 +30,7 @@ Status no_cuda_backend(const char* op, Device device) {
 
 // Runs `cpu_call` or `cuda_call` by device; both are nullary lambdas returning Status.
 template <typename CpuCall, typename CudaCall>
-Status dispatch(const char* op, Device device, CpuCall&& cpu_call, [[maybe_unused]] CudaCall&& cuda_call) {
+Status dispatch([[maybe_unused]] const char* op, Device device, CpuCall&& cpu_call, [[maybe_unused]] CudaCall&& cuda_call) {
   if (device.type == DeviceType::kCPU) return cpu_call();
 #ifdef OPENMLA_WITH_CUDA
   return cuda_call();

@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# The one script run on the GPU device: build with the CUDA backend, run the CPU and GPU test
+# tiers, compute-sanitizer memcheck on small shapes, and the benchmark programs.
+#
+#   OUT=/some/dir tools/device_check.sh   (default OUT: build-device-out/)
+#
+# The device has no network: the CUTLASS headers must already be in .deps/ (tools/fetch_cutlass.py
+# run elsewhere) or CUTLASS_DIR must point at them; nothing is fetched here.
+#
+# Writes at most 7 files into $OUT (the device tool returns 8):
+#   summary.txt    versions, then PASS/FAIL/SKIP per step as each finishes
+#   build.log      configure + build output        ptxas.txt   registers/stack/spills per kernel
+#   cpu_tests.txt  gpu_tests.txt  sanitizer.txt    bench.txt   (every openmla_bench_* appended)
+# Exits non-zero when any step failed; later steps still run where they can.
+#
+# Options (environment):
+#   GTEST_FILTER=...       filter for both test binaries (default: all tests)
+#   SANITIZER_FILTER=...   filter for the memcheck run (default '*Small*:*Sanitizer*')
+#   SKIP_SANITIZER=1  SKIP_BENCH=1
+#   BUILD_DIR=build-device  JOBS=$(nproc)  CMAKE_ARGS="..." (extra configure arguments)
+#   BUILD_TIMEOUT=420 TEST_TIMEOUT=240 SANITIZER_TIMEOUT=300 BENCH_TIMEOUT=240 (seconds per step)
+set -u -o pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 1
+OUT="${OUT:-$ROOT/build-device-out}"  # /build*/ is git-ignored
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+BUILD_DIR="${BUILD_DIR:-build-device}"
+JOBS="${JOBS:-$(nproc)}"
+SANITIZER_FILTER="${SANITIZER_FILTER:-*Small*:*Sanitizer*}"
+GTEST_FILTER_ARG=()
+if [[ -n "${GTEST_FILTER:-}" ]]; then GTEST_FILTER_ARG=(--gtest_filter="$GTEST_FILTER"); fi
+
+SUMMARY="$OUT/summary.txt"
+FAILED=0
+
+# record STEP RESULT SECONDS NOTE: one line of the summary, written as soon as a step ends so a
+# run cut short by the device's time limit still reports what it finished.
+record() {
+  printf '%-12s %-5s %5ss  %s\n' "$1" "$2" "$3" "${4:-}" | tee -a "$SUMMARY"
+  if [[ "$2" == FAIL ]]; then FAILED=1; fi
+}
+
+# run_step LOGFILE TIMEOUT CMD...: runs CMD under a timeout, output appended to LOGFILE;
+# sets STEP_RC and STEP_SECONDS.
+run_step() {
+  local log="$1" limit="$2"
+  shift 2
+  local start=$SECONDS
+  echo "+ $*" >>"$log"
+  timeout --kill-after=15 "$limit" "$@" >>"$log" 2>&1 </dev/null
+  STEP_RC=$?
+  STEP_SECONDS=$((SECONDS - start))
+  if [[ $STEP_RC -eq 124 || $STEP_RC -eq 137 ]]; then
+    echo "!! timed out after ${limit}s" >>"$log"
+  fi
+}
+
+note_for() {  # note_for RC: a short reason for the summary
+  case "$1" in
+    0) echo "" ;;
+    124 | 137) echo "timed out" ;;
+    *) echo "exit $1" ;;
+  esac
+}
+
+# --- environment -----------------------------------------------------------------------------
+{
+  echo "OpenMLA device check, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+       "$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo '(working tree modified)')"
+  echo "host: $(uname -srm), $(nproc) cores"
+  echo
+  echo "== nvidia-smi"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    timeout 60 nvidia-smi 2>&1 || echo "nvidia-smi failed (exit $?)"
+    timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
+      --format=csv 2>&1 || true
+  else
+    echo "nvidia-smi: not found"
+  fi
+  echo
+  echo "== toolchain"
+  if command -v nvcc >/dev/null 2>&1; then nvcc --version | tail -n 2; else echo "nvcc: not on PATH"; fi
+  echo "cmake: $(cmake --version 2>/dev/null | head -n 1 || echo 'not found')"
+  echo "ninja: $(ninja --version 2>/dev/null || echo 'not found')"
+  echo "c++: $(c++ --version 2>/dev/null | head -n 1 || echo 'not found')"
+  SANITIZER_BIN="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
+  echo "compute-sanitizer: ${SANITIZER_BIN:-not found}"
+  for dir in "$ROOT"/.deps/cutlass-*/include; do [[ -d "$dir" ]] && echo "cutlass headers: $dir"; done
+  echo
+  echo "step         result  time  note"
+} >"$SUMMARY" 2>&1
+
+GPU_COUNT=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  GPU_COUNT=$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+fi
+if [[ "$GPU_COUNT" -gt 0 ]]; then record gpu PASS 0 "$GPU_COUNT GPU(s)"; else record gpu FAIL 0 "no GPU visible"; fi
+
+# --- configure and build ---------------------------------------------------------------------
+BUILD_LOG="$OUT/build.log"
+: >"$BUILD_LOG"
+STAMP="$(mktemp)"  # after a failed build, binaries older than this are stale
+BUILD_OK=0
+if ! ls "$ROOT"/.deps/cutlass-*/include/cute/tensor.hpp >/dev/null 2>&1 && [[ -z "${CUTLASS_DIR:-}" ]]; then
+  echo "no CUTLASS headers in .deps/ and CUTLASS_DIR unset; the device cannot fetch them" \
+    | tee -a "$BUILD_LOG"
+  record configure FAIL 0 "CUTLASS headers missing (.deps/ not carried)"
+else
+  # A build folder configured from another checkout path cannot be reused.
+  if [[ -f "$BUILD_DIR/CMakeCache.txt" ]] &&
+     ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT" "$BUILD_DIR/CMakeCache.txt"; then
+    echo "removing $BUILD_DIR: configured for another source folder" >>"$BUILD_LOG"
+    rm -rf "$BUILD_DIR"
+  fi
+  CUTLASS_ARG=()
+  if [[ -n "${CUTLASS_DIR:-}" ]]; then CUTLASS_ARG=(-DCUTLASS_DIR="$CUTLASS_DIR"); fi
+  # shellcheck disable=SC2086 # CMAKE_ARGS is a list of words on purpose
+  run_step "$BUILD_LOG" 300 cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DOPENMLA_CUDA=ON \
+    -DOPENMLA_FETCH_CUTLASS=OFF -DCMAKE_BUILD_TYPE=Release "${CUTLASS_ARG[@]}" ${CMAKE_ARGS:-}
+  if [[ $STEP_RC -eq 0 ]]; then
+    record configure PASS "$STEP_SECONDS"
+    # -k 0: report every failing translation unit (every spill) in one run.
+    run_step "$BUILD_LOG" "${BUILD_TIMEOUT:-420}" cmake --build "$BUILD_DIR" -j "$JOBS" -- -k 0
+    if [[ $STEP_RC -eq 0 ]]; then
+      record build PASS "$STEP_SECONDS" "$JOBS jobs"
+      BUILD_OK=1
+    else
+      record build FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); first error: $(grep -m1 -E 'ptxas error|error:|CMake Error' "$BUILD_LOG" | cut -c1-160)"
+    fi
+  else
+    record configure FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); see build.log"
+  fi
+fi
+
+# Per-kernel resources from ptxas -v: one line per kernel, then every ptxas warning/error.
+DEMANGLE="cat"
+if command -v c++filt >/dev/null 2>&1; then DEMANGLE=c++filt; fi
+{
+  echo "registers  stack  spill_stores  spill_loads  kernel"
+  awk '
+    /Compiling entry function/ { match($0, /function \x27[^\x27]+\x27/); name = substr($0, RSTART + 10, RLENGTH - 11) }
+    /bytes stack frame/ { stack = $1; spill_st = $5; spill_ld = $9 }
+    /ptxas info *: Used [0-9]+ registers/ {
+      for (i = 1; i <= NF; i++) if ($i == "Used") regs = $(i + 1)
+      if (name != "") printf "%9s  %5s  %12s  %11s  %s\n", regs, stack, spill_st, spill_ld, name
+      name = ""
+    }' "$BUILD_LOG" | $DEMANGLE | cut -c1-400 | sort -u -k5
+  echo
+  echo "ptxas warnings and errors:"
+  grep -E 'ptxas (warning|error)' "$BUILD_LOG" | $DEMANGLE | cut -c1-400 | sort -u || echo "(none)"
+} >"$OUT/ptxas.txt" 2>&1
+
+# built BINARY: true when BINARY is current. After a clean build every binary is; after a failed
+# one only those linked by this run (a stale binary from an earlier build is never run).
+built() {
+  [[ -x "$1" ]] && { [[ $BUILD_OK -eq 1 ]] || [[ "$1" -nt "$STAMP" ]]; }
+}
+
+# --- tests -----------------------------------------------------------------------------------
+run_tests() {  # run_tests STEP BINARY LOGFILE
+  local step="$1" bin="$2" log="$3"
+  : >"$log"
+  if ! built "$bin"; then
+    echo "$bin is missing or stale (the build failed before linking it)" >>"$log"
+    record "$step" FAIL 0 "not built"
+    return
+  fi
+  run_step "$log" "${TEST_TIMEOUT:-240}" "$bin" --gtest_color=no "${GTEST_FILTER_ARG[@]}"
+  local summary
+  summary="$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | head -n 2 | tr '\n' ' ')"
+  if [[ $STEP_RC -eq 0 ]]; then
+    record "$step" PASS "$STEP_SECONDS" "$summary"
+  else
+    record "$step" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) $summary"
+  fi
+}
+run_tests cpu_tests "$BUILD_DIR/tests/openmla_cpu_tests" "$OUT/cpu_tests.txt"
+run_tests gpu_tests "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt"
+
+# --- compute-sanitizer memcheck on small shapes ----------------------------------------------
+if [[ "${SKIP_SANITIZER:-0}" == 1 ]]; then
+  record sanitizer SKIP 0 "SKIP_SANITIZER=1"
+else
+  LOG="$OUT/sanitizer.txt"
+  : >"$LOG"
+  GPU_TESTS="$BUILD_DIR/tests/openmla_gpu_tests"
+  if [[ -z "$SANITIZER_BIN" ]]; then
+    record sanitizer FAIL 0 "compute-sanitizer not found"
+  elif ! built "$GPU_TESTS"; then
+    record sanitizer FAIL 0 "openmla_gpu_tests not built"
+  else
+    run_step "$LOG" "${SANITIZER_TIMEOUT:-300}" "$SANITIZER_BIN" --tool memcheck \
+      --error-exitcode 99 --print-limit 50 "$GPU_TESTS" --gtest_color=no \
+      --gtest_filter="$SANITIZER_FILTER"
+    errors="$(grep -m1 -E 'ERROR SUMMARY' "$LOG" | sed 's/^========= //')"
+    if [[ $STEP_RC -eq 0 ]]; then
+      record sanitizer PASS "$STEP_SECONDS" "filter '$SANITIZER_FILTER'; $errors"
+    else
+      record sanitizer FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); filter '$SANITIZER_FILTER'; $errors"
+    fi
+  fi
+fi
+
+# --- benchmarks ------------------------------------------------------------------------------
+if [[ "${SKIP_BENCH:-0}" == 1 ]]; then
+  record bench SKIP 0 "SKIP_BENCH=1"
+else
+  LOG="$OUT/bench.txt"
+  : >"$LOG"
+  shopt -s nullglob
+  benches=("$BUILD_DIR"/bench/openmla_bench_*)
+  shopt -u nullglob
+  if [[ ${#benches[@]} -eq 0 ]]; then
+    record bench SKIP 0 "no openmla_bench_* programs"
+  fi
+  for bin in "${benches[@]}"; do
+    name="$(basename "$bin")"
+    echo "===== $name" >>"$LOG"
+    if ! built "$bin"; then
+      echo "missing or stale (the build failed before linking it)" >>"$LOG"
+      record "${name#openmla_}" FAIL 0 "not built"
+      continue
+    fi
+    run_step "$LOG" "${BENCH_TIMEOUT:-240}" "$bin"
+    if [[ $STEP_RC -eq 0 ]]; then
+      record "${name#openmla_}" PASS "$STEP_SECONDS"
+    else
+      record "${name#openmla_}" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"
+    fi
+  done
+fi
+
+rm -f "$STAMP"
+if [[ $FAILED -eq 0 ]]; then record overall PASS "$SECONDS"; else record overall FAIL "$SECONDS"; fi
+exit "$FAILED"
