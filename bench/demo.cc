@@ -150,8 +150,11 @@ struct Report {
 };
 
 void print_report(const Report& r) {
-  std::printf("%-14s %-52s on %-4s %9.3f ms %8.2f TFLOP/s %8.1f GB/s   rel err out %.2e, max |lse err| %.2e\n",
-              r.name.c_str(), r.shape.c_str(), r.where.c_str(), r.ms, r.tflops, r.gbps, r.out_err, r.lse_err);
+  // CPU rates read better in GFLOP/s, GPU rates in TFLOP/s.
+  const bool tera = r.tflops >= 1.0;
+  std::printf("%-14s %-52s on %-4s %9.3f ms %8.2f %s %8.1f GB/s   rel err out %.2e, max |lse err| %.2e\n",
+              r.name.c_str(), r.shape.c_str(), r.where.c_str(), r.ms, tera ? r.tflops : r.tflops * 1e3,
+              tera ? "TFLOP/s" : "GFLOP/s", r.gbps, r.out_err, r.lse_err);
 }
 
 // Picks where to run: the GPU when asked for (or auto with a GPU present), else the CPU. When the

@@ -25,7 +25,7 @@ constexpr int kSupportedArch = 90;
 // kernel family adds its operation here when it wires its launcher below.
 constexpr const char* kOpsWithKernels =
     "dense_decode (bf16/fp16, d_qk 576/512), merge_attention_states, kv_cache_write, "
-    "kv_cache_gather, plan_decode_schedule";
+    "kv_cache_gather, kv_cache_convert, plan_decode_schedule";
 
 Status cuda_error(const char* op, const char* call, cudaError_t err) {
   return Status::CudaError(std::string(op) + ": " + call + " failed: " + cudaGetErrorName(err) +

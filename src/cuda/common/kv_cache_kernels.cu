@@ -1,0 +1,498 @@
+// KV-cache append, gather and convert: one kernel shape for all three. A warp owns one token at a
+// time (grid-stride over tokens): it decodes the source token into registers (lane l holds dims
+// 16l..16l+15, plus 512+2l and 513+2l for 576-dim tokens; see kv_codec.cuh), reduces each scale
+// group's finite amax with warp shuffles (groups fall on lane boundaries: 8, 4, 2 or 1 lanes),
+// and encodes the destination token. Sources and destinations are "codecs": a cache format, or a
+// dense bf16/fp32 row (the write's input, the gather's output).
+//
+// The work is memory-bound (0.3–1.8 KB and ~150–350 warp instructions per token; NOTES.md has
+// the budget): each lane issues its token's loads back to back (one contiguous run per warp and
+// part, 16 B per lane where the layout's alignment allows), and enough warps are resident (32–40
+// per SM) to keep the ~30 KB per SM in flight that HBM3e needs. Layouts are runtime descriptors
+// (offsets, strides, block stride); alignment is checked per access, uniformly across a warp.
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+
+#include "cuda/common/kv_cache_kernels.h"
+#include "cuda/common/kv_codec.cuh"
+
+namespace openmla::cuda {
+namespace {
+
+using kvcodec::Codec;
+using kvcodec::ConstTokenPtr;
+using kvcodec::LaneVals;
+using kvcodec::TokenPtr;
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+// 4 resident blocks (32 warps) per SM at least: a register cap of 64, which every instantiation
+// fits without spilling. The grid is exactly what is resident (the occupancy API's count per
+// kernel: 4 or 5 blocks per SM), so the grid-stride loop runs one balanced wave.
+constexpr int kMinBlocksPerSm = 4;
+
+// A paged cache as the kernels see it (all in bytes).
+struct CacheView {
+  uint8_t* base;
+  int64_t block_stride;
+  int64_t data_offset, data_stride, scale_offset, scale_stride, rope_offset, rope_stride;
+  int64_t num_blocks, num_slots;
+  int32_t page_size;
+};
+
+CacheView make_view(const KVCache& cache) {
+  const KVLayout& l = cache.layout;
+  return {static_cast<uint8_t*>(cache.data),
+          l.block_stride,
+          l.data_offset,
+          l.data_stride,
+          l.scale_offset,
+          l.scale_stride,
+          l.rope_offset,
+          l.rope_stride,
+          cache.num_blocks,
+          cache.num_tokens(),
+          l.page_size};
+}
+
+// An int32/int64 vector (slots or block ids) with its element stride.
+struct IndexList {
+  const void* data;
+  int64_t stride;
+  bool is_int64;
+};
+
+IndexList make_index_list(const TensorView& t) {
+  return {t.data, t.rank > 0 ? t.strides[0] : 1, t.dtype == DType::kInt64};
+}
+
+__device__ __forceinline__ int64_t index_at(const IndexList& list, int64_t i) {
+  const int64_t offset = i * list.stride;
+  return list.is_int64
+             ? static_cast<int64_t>(__ldg(static_cast<const long long*>(list.data) + offset))
+             : static_cast<int64_t>(__ldg(static_cast<const int*>(list.data) + offset));
+}
+
+template <typename Byte>
+__device__ __forceinline__ kvcodec::TokenPtrT<Byte> token_at(const CacheView& c, int64_t block,
+                                                             int64_t token) {
+  Byte* b = c.base + block * c.block_stride;
+  return {b + c.data_offset + token * c.data_stride, b + c.scale_offset + token * c.scale_stride,
+          b + c.rope_offset + token * c.rope_stride};
+}
+
+// q = x / d, r = x - q * d for 0 <= x; 32-bit when the caller knows x and d fit (the common case:
+// 64-bit division is ~5x the instructions).
+__device__ __forceinline__ void div_mod(int64_t x, int64_t d, bool fits_32, int64_t* q,
+                                        int64_t* r) {
+  if (fits_32) {
+    const uint32_t q32 = static_cast<uint32_t>(x) / static_cast<uint32_t>(d);
+    *q = q32;
+    *r = x - static_cast<int64_t>(q32) * d;
+  } else {
+    *q = x / d;
+    *r = x - *q * d;
+  }
+}
+
+// One token: decode `src` (zeros when !have_src), reduce the scale groups' amax, encode `dst`.
+// Every lane of the warp must call it (the shuffles use the full mask).
+template <Codec Src, Codec Dst, int D>
+__device__ __forceinline__ void transcode(bool have_src, const ConstTokenPtr& src,
+                                          const TokenPtr& dst, int lane) {
+  LaneVals v;
+  if (have_src) {
+    kvcodec::decode_lane<Src, D>(src, lane, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v.main[i] = 0.0f;
+    v.tail[0] = v.tail[1] = 0.0f;
+  }
+  float amax = 0.0f;
+  if constexpr (kvcodec::group_lanes<Dst>() > 0) {
+    amax = kvcodec::lane_amax<Dst>(v, lane);
+#pragma unroll
+    for (int m = 1; m < kvcodec::group_lanes<Dst>(); m <<= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));  // exact: no NaN reaches it
+    }
+  }
+  kvcodec::encode_lane<Dst, D>(dst, lane, v, amax);
+}
+
+__device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x & 31); }
+__device__ __forceinline__ int64_t first_warp() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+}
+__device__ __forceinline__ int64_t warp_step() {
+  return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+}
+
+// --- append ------------------------------------------------------------------------------------
+struct WriteParams {
+  const uint8_t* kv;  // [n, d_qk] bf16|fp32 rows
+  int64_t kv_row_bytes;
+  IndexList slots;
+  int64_t num_tokens;
+  CacheView cache;
+  bool slots_fit_32;  // num_slots <= 2^32: slot / page_size in 32 bits
+};
+
+template <Codec Src, Codec Dst, int D>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) kv_write_kernel(const WriteParams p) {
+  const int lane = lane_id();
+  for (int64_t i = first_warp(); i < p.num_tokens; i += warp_step()) {
+    const int64_t slot = index_at(p.slots, i);
+    if (slot < 0 || slot >= p.cache.num_slots) continue;  // -1 and out of range: skipped
+    int64_t block, token;
+    div_mod(slot, p.cache.page_size, p.slots_fit_32, &block, &token);
+    const ConstTokenPtr src{p.kv + i * p.kv_row_bytes, nullptr, nullptr};
+    transcode<Src, Dst, D>(true, src, token_at<uint8_t>(p.cache, block, token), lane);
+  }
+}
+
+// --- gather ------------------------------------------------------------------------------------
+struct GatherParams {
+  CacheView cache;
+  IndexList slots;
+  uint8_t* out;  // [n, d_qk] fp32|bf16 rows
+  int64_t out_row_bytes;
+  int64_t num_tokens;
+  bool slots_fit_32;
+};
+
+template <Codec Src, Codec Dst, int D>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    kv_gather_kernel(const GatherParams p) {
+  const int lane = lane_id();
+  for (int64_t i = first_warp(); i < p.num_tokens; i += warp_step()) {
+    const int64_t slot = index_at(p.slots, i);
+    const bool valid = slot >= 0 && slot < p.cache.num_slots;  // invalid: a row of zeros
+    ConstTokenPtr src{nullptr, nullptr, nullptr};
+    if (valid) {
+      int64_t block, token;
+      div_mod(slot, p.cache.page_size, p.slots_fit_32, &block, &token);
+      src = token_at<const uint8_t>(p.cache, block, token);
+    }
+    const TokenPtr dst{p.out + i * p.out_row_bytes, nullptr, nullptr};
+    transcode<Src, Dst, D>(valid, src, dst, lane);
+  }
+}
+
+// --- convert -----------------------------------------------------------------------------------
+struct ConvertParams {
+  CacheView src, dst;
+  IndexList src_blocks, dst_blocks;  // used when block_lists
+  bool block_lists;
+  int64_t num_tokens;  // block pairs * page_size
+  bool tokens_fit_32;
+};
+
+template <Codec Src, Codec Dst, int D>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    kv_convert_kernel(const ConvertParams p) {
+  const int lane = lane_id();
+  // (pair, token) of t = pair * page_size + token, stepped by the grid stride without a division
+  // per token.
+  const int64_t page = p.src.page_size;
+  int64_t pair, token, step_pairs, step_tokens;
+  div_mod(first_warp(), page, p.tokens_fit_32, &pair, &token);
+  div_mod(warp_step(), page, p.tokens_fit_32, &step_pairs, &step_tokens);
+  for (int64_t t = first_warp(); t < p.num_tokens;
+       t += warp_step(), pair += step_pairs, token += step_tokens) {
+    if (token >= page) pair += 1, token -= page;  // token + step_tokens < 2 * page
+    const int64_t src_block = p.block_lists ? index_at(p.src_blocks, pair) : pair;
+    const int64_t dst_block = p.block_lists ? index_at(p.dst_blocks, pair) : pair;
+    if (src_block < 0 || src_block >= p.src.num_blocks || dst_block < 0 ||
+        dst_block >= p.dst.num_blocks) {
+      continue;  // -1 and out-of-range ids: skipped
+    }
+    transcode<Src, Dst, D>(true, token_at<const uint8_t>(p.src, src_block, token),
+                           token_at<uint8_t>(p.dst, dst_block, token), lane);
+  }
+}
+
+// --- dispatch ----------------------------------------------------------------------------------
+template <Codec C>
+using CodecTag = std::integral_constant<Codec, C>;
+template <int D>
+using DimsTag = std::integral_constant<int, D>;
+
+// Calls fn(CodecTag<...>) for a cache format (validated, so the default is unreachable).
+template <typename F>
+auto with_cache_codec(KVFormat format, F&& fn) {
+  switch (format) {
+    case KVFormat::kBF16:
+      return fn(CodecTag<Codec::kBF16>{});
+    case KVFormat::kFP16:
+      return fn(CodecTag<Codec::kFP16>{});
+    case KVFormat::kFP8_V32:
+      return fn(CodecTag<Codec::kFP8_V32>{});
+    case KVFormat::kFP8_Model1:
+      return fn(CodecTag<Codec::kFP8_Model1>{});
+    case KVFormat::kFP8_MX:
+      return fn(CodecTag<Codec::kFP8_MX>{});
+    case KVFormat::kFP4:
+      return fn(CodecTag<Codec::kFP4>{});
+  }
+  return fn(CodecTag<Codec::kBF16>{});
+}
+// A dense row's codec: bf16 or fp32 (validated).
+template <typename F>
+auto with_dense_codec(DType dtype, F&& fn) {
+  return dtype == DType::kFP32 ? fn(CodecTag<Codec::kF32>{}) : fn(CodecTag<Codec::kBF16>{});
+}
+template <typename F>
+auto with_dims(int64_t d_qk, F&& fn) {
+  return d_qk == 576 ? fn(DimsTag<576>{}) : fn(DimsTag<512>{});
+}
+
+template <typename Params>
+using Kernel = void (*)(Params);
+
+// The kernel template K<Src, Dst, D> for runtime codecs, or nullptr where the pair cannot exist
+// (validation rules those out: both codecs hold d_qk dims).
+template <template <Codec, Codec, int> class K, typename Params>
+Kernel<Params> pick(int64_t d_qk, auto src_tag, auto dst_tag) {
+  return with_dims(d_qk, [&](auto dims) -> Kernel<Params> {
+    constexpr Codec kSrc = decltype(src_tag)::value;
+    constexpr Codec kDst = decltype(dst_tag)::value;
+    constexpr int kD = decltype(dims)::value;
+    if constexpr (kvcodec::codec_supports<kSrc, kD>() && kvcodec::codec_supports<kDst, kD>()) {
+      return K<kSrc, kDst, kD>::kernel();
+    } else {
+      return nullptr;
+    }
+  });
+}
+
+template <Codec S, Codec T, int D>
+struct WriteKernelOf {
+  static Kernel<WriteParams> kernel() { return kv_write_kernel<S, T, D>; }
+};
+template <Codec S, Codec T, int D>
+struct GatherKernelOf {
+  static Kernel<GatherParams> kernel() { return kv_gather_kernel<S, T, D>; }
+};
+template <Codec S, Codec T, int D>
+struct ConvertKernelOf {
+  static Kernel<ConvertParams> kernel() { return kv_convert_kernel<S, T, D>; }
+};
+
+Status cuda_error(const char* op, const char* call, cudaError_t err) {
+  return Status::CudaError(std::string(op) + ": " + call + " failed: " + cudaGetErrorName(err) +
+                           " (" + cudaGetErrorString(err) + ")");
+}
+
+// Resident blocks per SM of `kernel` (read once per kernel: the launch path stays a few calls).
+int resident_blocks_per_sm(const void* kernel) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, int> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(kernel); it != cache.end()) return it->second;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0) != cudaSuccess ||
+      blocks < 1) {
+    (void)cudaGetLastError();
+    blocks = kMinBlocksPerSm;
+  }
+  cache.emplace(kernel, blocks);
+  return blocks;
+}
+
+template <typename Params>
+Status launch(const char* op, Kernel<Params> kernel, const Params& params, int64_t num_tokens,
+              cudaStream_t stream) {
+  if (kernel == nullptr) {
+    return Status::Internal(std::string(op) +
+                            ": no kernel for this codec pair (validation let "
+                            "through a pair of different dims)");
+  }
+  if (num_tokens <= 0) return Status::Ok();
+  int device = 0, num_sms = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    return cuda_error(op, "cudaGetDevice", err);
+  }
+  if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+      err != cudaSuccess) {
+    return cuda_error(op, "cudaDeviceGetAttribute", err);
+  }
+  const int64_t wanted = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int64_t cap =
+      static_cast<int64_t>(num_sms) * resident_blocks_per_sm(reinterpret_cast<const void*>(kernel));
+  const unsigned blocks = static_cast<unsigned>(wanted < cap ? wanted : cap);
+  kernel<<<blocks, kThreads, 0, stream>>>(params);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
+    return cuda_error(op, "kernel launch", err);
+  }
+  return Status::Ok();
+}
+
+constexpr int64_t kMax32 = int64_t{1} << 32;
+
+// --- self-check ----------------------------------------------------------------------------------
+__device__ __forceinline__ void record_mismatch(unsigned long long* results, int check,
+                                                uint64_t input) {
+  atomicAdd(results + 2 * check, 1ull);
+  atomicMin(results + 2 * check + 1, static_cast<unsigned long long>(input));
+}
+
+__global__ void kv_codec_self_check_init(unsigned long long* results) {
+  if (threadIdx.x < 2 * kKVCodecChecks) results[threadIdx.x] = (threadIdx.x & 1) ? ~0ull : 0ull;
+}
+
+__global__ void __launch_bounds__(256) kv_codec_self_check_kernel(unsigned long long* results) {
+  namespace kc = kvcodec;
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t u = first; u < (uint64_t{1} << 32); u += step) {
+    const float x = __uint_as_float(static_cast<uint32_t>(u));
+    // A partner value for the pair's other byte: a different bit pattern of every kind.
+    const float y = __uint_as_float(static_cast<uint32_t>(u) * 2654435761u);
+    const uint32_t pair = kc::float2_to_e4m3x2(x, y);
+    if ((pair & 0xFFu) != kc::float_to_e4m3_sw(x)) record_mismatch(results, 0, u);
+    if ((pair >> 8) != kc::float_to_e4m3_sw(y)) record_mismatch(results, 1, u);
+    if (kc::float_to_fp16(x) != kc::float_to_fp16_sw(x)) record_mismatch(results, 2, u);
+    if (u < 256) {
+      // Four different codes per word (u, u+1, u+2, u+3), so the byte order is checked too.
+      const uint32_t code = static_cast<uint32_t>(u);
+      float e[4];
+      kc::e4m3x4_to_float(code | ((code + 1) & 0xFFu) << 8 | ((code + 2) & 0xFFu) << 16 |
+                              ((code + 3) & 0xFFu) << 24,
+                          e);
+      bool bad =
+          __float_as_uint(kc::e4m3_to_float(code)) != __float_as_uint(kc::e4m3_to_float_sw(code));
+      for (uint32_t i = 0; i < 4; ++i) {
+        const uint32_t c = (code + i) & 0xFFu;
+        bad |= __float_as_uint(kc::host_mul_e4m3(c, e[i], 1.0f)) !=
+               __float_as_uint(kc::e4m3_to_float_sw(c));
+      }
+      if (bad) record_mismatch(results, 3, u);
+    }
+    if (u < 65536 && __float_as_uint(kc::fp16_to_float(static_cast<uint32_t>(u))) !=
+                         __float_as_uint(kc::fp16_to_float_sw(static_cast<uint32_t>(u)))) {
+      record_mismatch(results, 4, u);
+    }
+  }
+}
+
+// fp4's division-free element encoder against the division, for scale code blockIdx.y + 1
+// (every positive finite e4m3 code, 0x01..0x7E) and all 2^32 floats. Input recorded as
+// code << 32 | float bits.
+__global__ void __launch_bounds__(256) kv_codec_fp4_check_kernel(unsigned long long* results) {
+  namespace kc = kvcodec;
+  const uint32_t code = blockIdx.y + 1;
+  const float scale = kc::e4m3_to_float_sw(code);
+  const kc::Fp4Bounds bounds = kc::fp4_bounds(scale);
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t u = first; u < (uint64_t{1} << 32); u += step) {
+    const float x = __uint_as_float(static_cast<uint32_t>(u));
+    if (kc::e2m1_of_quotient(x, bounds) != kc::float_to_e2m1(__fdiv_rn(x, scale))) {
+      record_mismatch(results, 5, (uint64_t{code} << 32) | u);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_kv_codec_self_check(unsigned long long* device_results, cudaStream_t stream) {
+  kv_codec_self_check_init<<<1, 32, 0, stream>>>(device_results);
+  kv_codec_self_check_kernel<<<4096, 256, 0, stream>>>(device_results);
+  kv_codec_fp4_check_kernel<<<dim3(512, 126), 256, 0, stream>>>(device_results);
+  return cudaGetLastError();
+}
+
+Status kv_cache_write_launch(const KVCacheWriteArgs& args, const core::KVCacheWriteShape& shape,
+                             cudaStream_t stream) {
+  WriteParams p{};
+  p.kv = static_cast<const uint8_t*>(args.kv.data);
+  p.kv_row_bytes = args.kv.strides[0] * static_cast<int64_t>(dtype_size_bytes(args.kv.dtype));
+  p.slots = make_index_list(args.slot_mapping);
+  p.num_tokens = shape.num_tokens;
+  p.cache = make_view(args.cache);
+  p.slots_fit_32 = p.cache.num_slots <= kMax32;
+  const Kernel<WriteParams> kernel = with_dense_codec(args.kv.dtype, [&](auto src) {
+    return with_cache_codec(args.cache.layout.format, [&](auto dst) {
+      return pick<WriteKernelOf, WriteParams>(shape.d_qk, src, dst);
+    });
+  });
+  return launch("kv_cache_write", kernel, p, shape.num_tokens, stream);
+}
+
+Status kv_cache_gather_launch(const KVCacheGatherArgs& args, const core::KVCacheWriteShape& shape,
+                              cudaStream_t stream) {
+  GatherParams p{};
+  p.cache = make_view(args.cache);
+  p.slots = make_index_list(args.slots);
+  p.out = static_cast<uint8_t*>(args.out.data);
+  p.out_row_bytes = args.out.strides[0] * static_cast<int64_t>(dtype_size_bytes(args.out.dtype));
+  p.num_tokens = shape.num_tokens;
+  p.slots_fit_32 = p.cache.num_slots <= kMax32;
+  const Kernel<GatherParams> kernel = with_cache_codec(args.cache.layout.format, [&](auto src) {
+    return with_dense_codec(args.out.dtype, [&](auto dst) {
+      return pick<GatherKernelOf, GatherParams>(shape.d_qk, src, dst);
+    });
+  });
+  return launch("kv_cache_gather", kernel, p, shape.num_tokens, stream);
+}
+
+Status kv_cache_convert_launch(const KVCacheConvertArgs& args,
+                               const core::KVCacheConvertShape& shape, cudaStream_t stream) {
+  ConvertParams p{};
+  p.src = make_view(args.src);
+  p.dst = make_view(args.dst);
+  p.block_lists = shape.block_lists;
+  if (shape.block_lists) {
+    p.src_blocks = make_index_list(args.src_blocks);
+    p.dst_blocks = make_index_list(args.dst_blocks);
+  }
+  p.num_tokens = shape.num_blocks * shape.page_size;
+  p.tokens_fit_32 = p.num_tokens <= kMax32;
+  const Kernel<ConvertParams> kernel = with_cache_codec(args.src.layout.format, [&](auto src) {
+    return with_cache_codec(args.dst.layout.format, [&](auto dst) {
+      return pick<ConvertKernelOf, ConvertParams>(shape.d_qk, src, dst);
+    });
+  });
+  return launch("kv_cache_convert", kernel, p, p.num_tokens, stream);
+}
+
+Status kv_cache_convert_on_device(const KVCacheConvertArgs& args,
+                                  const core::KVCacheConvertShape& shape, Stream stream) {
+  constexpr const char* kOp = "kv_cache_convert";
+  const int index = shape.device.index;
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    return cuda_error(kOp, "cudaGetDeviceCount", err);
+  }
+  if (index < 0 || index >= count) {
+    return Status::InvalidArgument(
+        std::string(kOp) + ": the caches are on cuda:" + std::to_string(index) +
+        ", but this machine has " + std::to_string(count) + " CUDA device(s)");
+  }
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index);
+  if (err != cudaSuccess) return cuda_error(kOp, "cudaDeviceGetAttribute", err);
+  if (major != 9 || minor != 0) {
+    return Status::UnsupportedDevice(
+        std::string(kOp) + ": cuda:" + std::to_string(index) + " is sm_" + std::to_string(major) +
+        std::to_string(minor) +
+        "; this build of OpenMLA has CUDA kernels for sm_90 (Hopper: H100, H200, H800, H20) only");
+  }
+  int previous = 0;
+  if (err = cudaGetDevice(&previous); err != cudaSuccess)
+    return cuda_error(kOp, "cudaGetDevice", err);
+  if (previous != index) {
+    if (err = cudaSetDevice(index); err != cudaSuccess)
+      return cuda_error(kOp, "cudaSetDevice", err);
+  }
+  const Status status = kv_cache_convert_launch(args, shape, static_cast<cudaStream_t>(stream));
+  if (previous != index) (void)cudaSetDevice(previous);
+  return status;
+}
+
+}  // namespace openmla::cuda

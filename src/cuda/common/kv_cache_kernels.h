@@ -1,0 +1,43 @@
+// GPU KV-cache kernels (DESIGN §2.5, §3): append tokens into a paged cache of any format and
+// layout, gather/dequantise tokens out of one, and convert a cache (or a list of blocks) between
+// formats/layouts. Every byte is the host codec's (src/core/codec.h): the device codec
+// (kv_codec.cuh) mirrors it exactly, NaN payloads included.
+//
+// The launchers take validated arguments (core::validate_*), assume the tensors' device is the
+// current one, enqueue one kernel on `stream` and return the launch's error. Invalid slots and
+// block ids are skipped in the kernels (never read or written); an invalid gather slot gives a
+// row of zeros.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/validate.h"
+#include "core/validate_convert.h"
+#include "openmla/kv_convert.h"
+#include "openmla/ops.h"
+
+namespace openmla::cuda {
+
+Status kv_cache_write_launch(const KVCacheWriteArgs& args, const core::KVCacheWriteShape& shape,
+                             cudaStream_t stream);
+Status kv_cache_gather_launch(const KVCacheGatherArgs& args, const core::KVCacheWriteShape& shape,
+                              cudaStream_t stream);
+Status kv_cache_convert_launch(const KVCacheConvertArgs& args,
+                               const core::KVCacheConvertShape& shape, cudaStream_t stream);
+
+// kv_cache_convert's CUDA entry (called by src/api/kv_convert.cc): checks that the caches'
+// device is an sm_90 GPU, makes it current for the call, then kv_cache_convert_launch.
+Status kv_cache_convert_on_device(const KVCacheConvertArgs& args,
+                                  const core::KVCacheConvertShape& shape, Stream stream);
+
+// Self-check of the device codec's fast paths against its portable versions (which the CPU tests
+// hold to src/core/codec.cc), on this GPU: all 2^32 floats through the hardware e4m3 (both bytes
+// of a pair) and fp16 encoders, all 256 / 65536 codes through the e4m3 and fp16 decoders, and
+// fp4's division-free element encoder against e2m1(x / scale) for all 2^32 floats and all 126
+// scale codes. Writes kKVCodecChecks pairs {mismatch count, smallest mismatching input} into
+// `device_results` (2 * kKVCodecChecks uint64 in device memory, set by the launch); ~1 s.
+// Checks: e4m3 encode lo, e4m3 encode hi, fp16 encode, e4m3 decode, fp16 decode, fp4 encode.
+constexpr int kKVCodecChecks = 6;
+cudaError_t launch_kv_codec_self_check(unsigned long long* device_results, cudaStream_t stream);
+
+}  // namespace openmla::cuda

@@ -1,0 +1,675 @@
+// Device mirror of the host KV-cache codecs (src/core/codec.cc): the same bytes for every input,
+// NaN payloads included, so a cache written, read or converted on the GPU is identical to one
+// done with codec::encode_slot / codec::decode_slot.
+//
+// Compiled three ways: by nvcc for the device (the fast paths below: the hardware e4m3 and fp16
+// conversions), by nvcc's host pass, and by the host C++ compiler (tests/cpu), where every
+// conversion is the portable bit-arithmetic version (the `_sw` functions). The CPU tests check
+// the `_sw` functions and the lane-level token codec against src/core on the host; the GPU tests
+// check the device fast paths against the `_sw` functions on all 2^32 floats (all 256 / 65536
+// codes for the decoders), and the kernels against the host codec byte for byte.
+//
+// Rules mirrored from codec.cc (see codec.h):
+//  - group amax over finite values only; scale = amax / max_representable as one float32
+//    division, floored at 1e-4 (the floor also catches NaN);
+//  - fp8_v32/model1/mx: scale = 2^ceil(log2(scale)); element = e4m3(x / 2^e) computed as
+//    x * 2^-e, which is the same correctly rounded float32 (2^-e is exact for every reachable e,
+//    subnormal results included), so no division per element;
+//  - fp4: scale = e4m3(scale) (>= the code 0x01 = 2^-9); element = e2m1(x / stored scale), the
+//    quotient a float32 division, computed exactly without dividing (e2m1_of_quotient); the
+//    group scales' divisions use __fdiv_rn (nvcc's default -prec-div is not relied upon);
+//  - e4m3 saturates (inf -> ±448) and NaN -> 0x7F; e2m1 saturates and NaN -> +0 (the hardware
+//    and the toolkit's emulation give +6; codec.h promises +0);
+//  - bf16: RNE, NaN keeps sign and payload (bits >> 16 | 0x40); fp16: RNE, NaN -> 0x7FFF;
+//  - decode: e4m3 and fp16 NaN -> 0x7FFFFFFF, e8m0 255 -> 0x7FC00000, and the product
+//    element × scale follows x86 SSE's NaN rules (the host's): a NaN element wins, then a NaN
+//    scale (quietened), and inf × 0 gives the "indefinite" 0xFFC00000. The GPU's own NaN
+//    results are canonical (0x7FFFFFFF), so those cases are pinned here explicitly.
+//  - products use __fmul_rn so that nvcc's default -fmad=true can never contract them.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#define OPENMLA_HD __host__ __device__ __forceinline__
+#else
+#define OPENMLA_HD inline
+#endif
+#if defined(__CUDA_ARCH__)
+#define OPENMLA_UNROLL _Pragma("unroll")
+#else
+#define OPENMLA_UNROLL
+#endif
+
+namespace openmla::cuda::kvcodec {
+
+// --- bits ----------------------------------------------------------------------------------
+OPENMLA_HD uint32_t f2u(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+#endif
+}
+OPENMLA_HD float u2f(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+#endif
+}
+OPENMLA_HD bool is_nan(float x) { return x != x; }  // no fast-math anywhere in this build
+OPENMLA_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+OPENMLA_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+OPENMLA_HD float abs_f(float x) { return u2f(f2u(x) & 0x7FFFFFFFu); }
+OPENMLA_HD float max_f(float a, float b) { return a > b ? a : b; }  // never sees NaN here
+// Round to nearest integer, ties to even, for 0 <= x < 2^22 (exact: adding 2^23 leaves no
+// fraction bits, and the addition itself rounds to nearest even).
+OPENMLA_HD uint32_t rint_small(float x) {
+  const float big = 8388608.0f;  // 2^23
+#if defined(__CUDA_ARCH__)
+  return f2u(__fadd_rn(x, big)) - f2u(big);
+#else
+  volatile float sum = x + big;  // volatile: no reassociation by the host compiler
+  return f2u(sum) - f2u(big);
+#endif
+}
+
+constexpr uint32_t kCanonicalNaN = 0x7FFFFFFFu;   // what the host's e4m3/fp16 NaN decodes to
+constexpr uint32_t kE8M0NaN = 0x7FC00000u;        // std::numeric_limits<float>::quiet_NaN()
+constexpr uint32_t kX86Indefinite = 0xFFC00000u;  // SSE's result of inf × 0
+
+// element × scale with the host's NaN results (x86 SSE: a NaN first operand wins, quietened;
+// else a NaN second operand, quietened; a NaN from two numbers is the indefinite NaN).
+OPENMLA_HD float host_mul(float element, float scale) {
+  const float p = mul_rn(element, scale);
+  if (!is_nan(p)) return p;
+  if (is_nan(element)) return u2f(f2u(element) | 0x00400000u);
+  if (is_nan(scale)) return u2f(f2u(scale) | 0x00400000u);
+  return u2f(kX86Indefinite);
+}
+
+// --- bf16 ----------------------------------------------------------------------------------
+OPENMLA_HD float bf16_to_float(uint32_t bits16) { return u2f(bits16 << 16); }
+OPENMLA_HD uint32_t float_to_bf16(float x) {
+  const uint32_t u = f2u(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ((u >> 16) | 0x0040u) & 0xFFFFu;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+// --- fp16 ----------------------------------------------------------------------------------
+OPENMLA_HD float fp16_to_float_sw(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  if (exponent == 0x1F) return u2f(mantissa != 0 ? kCanonicalNaN : (sign | 0x7F800000u));
+  if (exponent == 0) {
+    // m * 2^-24, exact (m < 2^10).
+    return u2f(f2u(mul_rn(static_cast<float>(mantissa), 5.9604644775390625e-08f)) | sign);
+  }
+  return u2f(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+OPENMLA_HD uint32_t float_to_fp16_sw(float x) {
+  const uint32_t u = f2u(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0x7FFFu;
+  if (a >= 0x477FF000u) return sign | 0x7C00u;  // >= 65520 (the tie above 65504) -> inf
+  if (a >= 0x38800000u) {                       // >= 2^-14: a normal fp16
+    const uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);
+    return sign | ((r >> 13) - (112u << 10));
+  }
+  // Subnormal fp16 (quantum 2^-24); 1024 lands on the smallest normal's code.
+  return sign | rint_small(mul_rn(u2f(a), 16777216.0f));
+}
+OPENMLA_HD float fp16_to_float(uint32_t h) {
+#if defined(__CUDA_ARCH__)
+  if ((h & 0x7FFFu) > 0x7C00u) return u2f(kCanonicalNaN);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+#else
+  return fp16_to_float_sw(h);
+#endif
+}
+OPENMLA_HD uint32_t float_to_fp16(float x) {
+#if defined(__CUDA_ARCH__)
+  if (is_nan(x)) return 0x7FFFu;
+  return __half_as_ushort(__float2half_rn(x));
+#else
+  return float_to_fp16_sw(x);
+#endif
+}
+
+// --- e4m3 ("fn": max 448, NaN 0x7F/0xFF, no inf) ---------------------------------------------
+OPENMLA_HD float e4m3_to_float_sw(uint32_t b) {
+  const uint32_t sign = (b & 0x80u) << 24;
+  const uint32_t exponent = (b >> 3) & 0xFu, mantissa = b & 7u;
+  if ((b & 0x7Fu) == 0x7Fu) return u2f(kCanonicalNaN);
+  if (exponent == 0) return u2f(f2u(mul_rn(static_cast<float>(mantissa), 0.001953125f)) | sign);
+  return u2f(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+OPENMLA_HD uint32_t float_to_e4m3_sw(float x) {
+  const uint32_t u = f2u(x);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0x7Fu;
+  if (a >= 0x43E00000u) return sign | 0x7Eu;  // >= 448 (inf too): saturate
+  if (a >= 0x3C800000u) {                     // >= 2^-6: a normal e4m3; < 448 never rounds past it
+    const uint32_t r = a + 0x7FFFFu + ((a >> 20) & 1u);
+    return sign | ((r >> 20) - (120u << 3));
+  }
+  // Subnormal e4m3 (quantum 2^-9); 8 lands on the smallest normal's code.
+  return sign | rint_small(mul_rn(u2f(a), 512.0f));
+}
+
+// Four e4m3 codes (bytes of `w`, lowest first) to floats.
+OPENMLA_HD void e4m3x4_to_float(uint32_t w, float* out) {
+#if defined(__CUDA_ARCH__)
+  // cvt.rn.f16x2.e4m3x2: exact for every finite code (fp16 holds all of e4m3); NaN is pinned by
+  // the caller's NaN check (host_mul_e4m3).
+  const __half2_raw lo =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+  const __half2_raw hi =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  out[0] = __half2float(__ushort_as_half(lo.x));
+  out[1] = __half2float(__ushort_as_half(lo.y));
+  out[2] = __half2float(__ushort_as_half(hi.x));
+  out[3] = __half2float(__ushort_as_half(hi.y));
+#else
+  for (int i = 0; i < 4; ++i) out[i] = e4m3_to_float_sw((w >> (8 * i)) & 0xFFu);
+#endif
+}
+OPENMLA_HD float e4m3_to_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  if ((b & 0x7Fu) == 0x7Fu) return u2f(kCanonicalNaN);
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+  return __half2float(__ushort_as_half(h.x));
+#else
+  return e4m3_to_float_sw(b);
+#endif
+}
+// Two floats to two e4m3 codes (x in the low byte).
+OPENMLA_HD uint32_t float2_to_e4m3x2(float x, float y) {
+#if defined(__CUDA_ARCH__)
+  // cvt.rn.satfinite.e4m3x2.f32: RNE, ±inf and |v| > 448 -> ±448, NaN -> 0x7F.
+  return static_cast<uint32_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3));
+#else
+  return float_to_e4m3_sw(x) | (float_to_e4m3_sw(y) << 8);
+#endif
+}
+OPENMLA_HD uint32_t float_to_e4m3(float x) { return float2_to_e4m3x2(x, 0.0f) & 0xFFu; }
+
+// e4m3 element decoded with the hardware (NaN not yet pinned) times its scale, NaNs as the host.
+OPENMLA_HD float host_mul_e4m3(uint32_t code, float element, float scale) {
+  const float p = mul_rn(element, scale);
+  if (!is_nan(p)) return p;
+  return host_mul((code & 0x7Fu) == 0x7Fu ? u2f(kCanonicalNaN) : element, scale);
+}
+
+// --- e8m0 and e2m1 -------------------------------------------------------------------------
+OPENMLA_HD float e8m0_to_float(uint32_t b) {
+  if (b == 0xFFu) return u2f(kE8M0NaN);
+  return u2f(b == 0 ? 0x00400000u : (b << 23));  // 2^(b - 127); 2^-127 is subnormal
+}
+OPENMLA_HD float e2m1_to_float(uint32_t nibble) {
+  // Magnitudes ×2 = {0, 1, 2, 3, 4, 6, 8, 12}, one per nibble of 0xC8643210.
+  const float magnitude = static_cast<float>((0xC8643210u >> (4 * (nibble & 7u))) & 0xFu) * 0.5f;
+  return u2f(f2u(magnitude) | ((nibble & 8u) << 28));
+}
+// RNE onto ±{0, .5, 1, 1.5, 2, 3, 4, 6}, saturating; ties go to the even code (0.25 -> 0,
+// 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4). NaN -> +0.
+OPENMLA_HD uint32_t float_to_e2m1(float x) {
+  if (is_nan(x)) return 0;
+  const float a = abs_f(x);
+  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                        (a >= 3.5f) + (a > 5.0f);
+  return code | ((f2u(x) >> 28) & 8u);
+}
+
+// fp4 elements without a division: float_to_e2m1(x / scale) for a stored e4m3 scale, exactly.
+// e2m1's code steps up where the float quotient q = RN(|x| / s) passes a midpoint t: q > t for
+// the midpoints whose tie rounds down (0.25, 1.25, 2.5, 5), q >= t where it rounds up (0.75,
+// 1.75, 3.5). Because t has <= 3 significant bits and s <= 4, P = t * s is an exact float, and
+//   RN(|x| / s) > t   <=>  |x| / s > t + ulp(t)/2  <=>  |x| > P + ulp(t)/2 * s  <=>  |x| > P,
+// since 0 < ulp(t)/2 * s < ulp(P) leaves no float in between; likewise q >= t <=> |x| >= P
+// (P is never a power of two for those t, so the gap below it is ulp(P) as well). So the code
+// is the number of bounds below |x|, found by a 3-step binary search over
+//   G = {P(0.25), pred(P(0.75)), P(1.25), pred(P(1.75)), P(2.5), pred(P(3.5)), P(5)}  (|x| > G_i).
+// NaN fails every comparison (code 0, and no sign: codec.h's +0); inf passes all (6).
+// Checked against the division on sampled floats for every scale code in tests/cpu and on all
+// 2^32 floats for every scale code by the GPU self-check.
+struct Fp4Bounds {
+  float g[7];
+};
+OPENMLA_HD float float_pred(float positive_normal) { return u2f(f2u(positive_normal) - 1u); }
+OPENMLA_HD Fp4Bounds fp4_bounds(float scale) {
+  Fp4Bounds b;
+  b.g[0] = mul_rn(0.25f, scale);
+  b.g[1] = float_pred(mul_rn(0.75f, scale));
+  b.g[2] = mul_rn(1.25f, scale);
+  b.g[3] = float_pred(mul_rn(1.75f, scale));
+  b.g[4] = mul_rn(2.5f, scale);
+  b.g[5] = float_pred(mul_rn(3.5f, scale));
+  b.g[6] = mul_rn(5.0f, scale);
+  return b;
+}
+OPENMLA_HD uint32_t e2m1_of_quotient(float x, const Fp4Bounds& b) {
+  const uint32_t u = f2u(x);
+  const float a = u2f(u & 0x7FFFFFFFu);
+  const bool high = a > b.g[3];
+  const bool mid = a > (high ? b.g[5] : b.g[1]);
+  const bool low = a > (high ? (mid ? b.g[6] : b.g[4]) : (mid ? b.g[2] : b.g[0]));
+  const uint32_t sign = is_nan(x) ? 0u : (u >> 28) & 8u;
+  return (high ? 4u : 0u) | (mid ? 2u : 0u) | (low ? 1u : 0u) | sign;
+}
+
+// --- group scales ----------------------------------------------------------------------------
+constexpr float kMinScale = 1e-4f;
+
+// Exponent e of the power-of-two scale 2^e for e4m3 elements (codec::pow2_scale_exponent).
+OPENMLA_HD int pow2_scale_exponent(float amax) {
+  float scale = div_rn(amax, 448.0f);
+  if (!(scale >= kMinScale)) scale = kMinScale;
+  const uint32_t u = f2u(scale);
+  if (u >= 0x7F800000u) return 127;
+  // scale is normal (>= 1e-4): ceil(log2) is the unbiased exponent, +1 unless a power of two.
+  const int biased = static_cast<int>(u >> 23);
+  return (u & 0x7FFFFFu) == 0 ? biased - 127 : biased - 126;
+}
+// 2^e as a float, e in [-127, 127].
+OPENMLA_HD float exp2_int(int e) {
+  return u2f(e >= -126 ? static_cast<uint32_t>(e + 127) << 23 : 0x00400000u);
+}
+OPENMLA_HD uint32_t e8m0_from_exponent(int e) {
+  return static_cast<uint32_t>((e < -127 ? -127 : (e > 127 ? 127 : e)) + 127);
+}
+// fp4's scale code (codec::fp4_scale_e4m3).
+OPENMLA_HD uint32_t fp4_scale_code(float amax) {
+  float scale = div_rn(amax, 6.0f);
+  if (!(scale >= kMinScale)) scale = kMinScale;
+  const uint32_t code = float_to_e4m3(scale);
+  return code < 1u ? 1u : code;
+}
+
+// --- vector loads and stores of any alignment ------------------------------------------------
+// N bytes (a multiple of 4) at p, as N/4 little-endian words, with the widest accesses p's
+// alignment allows (a warp's lanes share it, so the branch is uniform in practice).
+template <int N>
+OPENMLA_HD void load_bytes(const uint8_t* p, uint32_t (&w)[N / 4]) {
+  static_assert(N % 4 == 0, "whole words");
+#if defined(__CUDA_ARCH__)
+  const uint32_t a = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p));
+  if constexpr (N % 16 == 0) {
+    if ((a & 15u) == 0) {
+      OPENMLA_UNROLL
+      for (int k = 0; k < N / 16; ++k) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + k);
+        w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
+      }
+      return;
+    }
+  }
+  if constexpr (N % 8 == 0) {
+    if ((a & 7u) == 0) {
+      OPENMLA_UNROLL
+      for (int k = 0; k < N / 8; ++k) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + k);
+        w[2 * k] = v.x, w[2 * k + 1] = v.y;
+      }
+      return;
+    }
+  }
+  if ((a & 3u) == 0) {
+    OPENMLA_UNROLL
+    for (int k = 0; k < N / 4; ++k) w[k] = __ldg(reinterpret_cast<const unsigned int*>(p) + k);
+  } else if ((a & 1u) == 0) {
+    OPENMLA_UNROLL
+    for (int k = 0; k < N / 4; ++k) {
+      const unsigned short* q = reinterpret_cast<const unsigned short*>(p) + 2 * k;
+      w[k] = static_cast<uint32_t>(__ldg(q)) | (static_cast<uint32_t>(__ldg(q + 1)) << 16);
+    }
+  } else {
+    OPENMLA_UNROLL
+    for (int k = 0; k < N / 4; ++k) {
+      const unsigned char* q = p + 4 * k;
+      w[k] = static_cast<uint32_t>(__ldg(q)) | (static_cast<uint32_t>(__ldg(q + 1)) << 8) |
+             (static_cast<uint32_t>(__ldg(q + 2)) << 16) |
+             (static_cast<uint32_t>(__ldg(q + 3)) << 24);
+    }
+  }
+#else
+  std::memcpy(w, p, N);
+#endif
+}
+
+template <int N>
+OPENMLA_HD void store_bytes(uint8_t* p, const uint32_t (&w)[N / 4]) {
+  static_assert(N % 4 == 0, "whole words");
+#if defined(__CUDA_ARCH__)
+  const uint32_t a = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p));
+  if constexpr (N % 16 == 0) {
+    if ((a & 15u) == 0) {
+      OPENMLA_UNROLL
+      for (int k = 0; k < N / 16; ++k) {
+        reinterpret_cast<uint4*>(p)[k] =
+            make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+      }
+      return;
+    }
+  }
+  if constexpr (N % 8 == 0) {
+    if ((a & 7u) == 0) {
+      OPENMLA_UNROLL
+      for (int k = 0; k < N / 8; ++k)
+        reinterpret_cast<uint2*>(p)[k] = make_uint2(w[2 * k], w[2 * k + 1]);
+      return;
+    }
+  }
+  if ((a & 3u) == 0) {
+    OPENMLA_UNROLL
+    for (int k = 0; k < N / 4; ++k) reinterpret_cast<uint32_t*>(p)[k] = w[k];
+  } else if ((a & 1u) == 0) {
+    OPENMLA_UNROLL
+    for (int k = 0; k < N / 4; ++k) {
+      reinterpret_cast<uint16_t*>(p)[2 * k] = static_cast<uint16_t>(w[k]);
+      reinterpret_cast<uint16_t*>(p)[2 * k + 1] = static_cast<uint16_t>(w[k] >> 16);
+    }
+  } else {
+    OPENMLA_UNROLL
+    for (int k = 0; k < N; ++k) p[k] = static_cast<uint8_t>(w[k / 4] >> (8 * (k % 4)));
+  }
+#else
+  std::memcpy(p, w, N);
+#endif
+}
+
+OPENMLA_HD float load_f32(const uint8_t* p) {  // 4-byte aligned (check_kv_layout)
+#if defined(__CUDA_ARCH__)
+  return __ldg(reinterpret_cast<const float*>(p));
+#else
+  float x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+#endif
+}
+OPENMLA_HD uint32_t load_u8(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+// --- the lane-level token codec ----------------------------------------------------------------
+// One warp holds one token: lane l (0..31) owns dims [16l, 16l + 16) in `main` and, for the
+// 576-dim codecs, dims 512 + 2l and 513 + 2l in `tail`. Every format's groups fall on lane
+// boundaries: fp8_v32 128 dims = 8 lanes, fp8_model1 64 = 4 lanes (its bf16 rope, dims
+// 448..511, is lanes 28..31), fp8_mx 32 = 2 lanes, fp4 16 = 1 lane. A token's data is read as
+// 16 B (e4m3), 32 B (bf16/fp16), 64 B (fp32) or 8 B (fp4) per lane: one contiguous run per warp.
+enum class Codec : int {
+  kBF16,  // plain bf16 (a cache's data part, or a dense bf16 row)
+  kFP16,  // plain fp16
+  kF32,   // dense float32 row (write input, gather output; not a cache format)
+  kFP8_V32,
+  kFP8_Model1,
+  kFP8_MX,
+  kFP4,
+};
+
+struct LaneVals {
+  float main[16];
+  float tail[2];
+};
+
+// A token's three parts (data, scale, rope), as in codec.cc's TokenParts.
+template <typename Byte>
+struct TokenPtrT {
+  Byte* data;
+  Byte* scale;
+  Byte* rope;
+};
+using TokenPtr = TokenPtrT<uint8_t>;
+using ConstTokenPtr = TokenPtrT<const uint8_t>;
+
+// Lanes sharing one scale (the width of the amax reduction); 0 for plain codecs.
+template <Codec C>
+constexpr int group_lanes() {
+  return C == Codec::kFP8_V32      ? 8
+         : C == Codec::kFP8_Model1 ? 4
+         : C == Codec::kFP8_MX     ? 2
+         : C == Codec::kFP4        ? 1
+                                   : 0;
+}
+// The dims a codec stores (0: any, plain codecs take d_qk from the template argument D).
+template <Codec C>
+constexpr int codec_dims() {
+  return C == Codec::kFP8_V32                                                   ? 576
+         : (C == Codec::kFP8_Model1 || C == Codec::kFP8_MX || C == Codec::kFP4) ? 512
+                                                                                : 0;
+}
+template <Codec C, int D>
+constexpr bool codec_supports() {
+  return (D == 576 || D == 512) && (codec_dims<C>() == 0 || codec_dims<C>() == D);
+}
+
+namespace detail {
+// 16 bf16 or fp16 in 8 words <-> 16 floats.
+template <bool kFp16>
+OPENMLA_HD void halves_to_float(const uint32_t* w, int n_words, float* out) {
+  for (int k = 0; k < n_words; ++k) {
+    if constexpr (kFp16) {
+      out[2 * k] = fp16_to_float(w[k] & 0xFFFFu);
+      out[2 * k + 1] = fp16_to_float(w[k] >> 16);
+    } else {
+      out[2 * k] = bf16_to_float(w[k] & 0xFFFFu);
+      out[2 * k + 1] = bf16_to_float(w[k] >> 16);
+    }
+  }
+}
+template <bool kFp16>
+OPENMLA_HD void float_to_halves(const float* x, int n_words, uint32_t* w) {
+  for (int k = 0; k < n_words; ++k) {
+    if constexpr (kFp16) {
+      w[k] = float_to_fp16(x[2 * k]) | (float_to_fp16(x[2 * k + 1]) << 16);
+    } else {
+      w[k] = float_to_bf16(x[2 * k]) | (float_to_bf16(x[2 * k + 1]) << 16);
+    }
+  }
+}
+// 16 e4m3 codes (4 words) times one scale.
+OPENMLA_HD void decode_e4m3x16(const uint32_t (&w)[4], float scale, float* out) {
+  OPENMLA_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    float e[4];
+    e4m3x4_to_float(w[k], e);
+    OPENMLA_UNROLL
+    for (int i = 0; i < 4; ++i)
+      out[4 * k + i] = host_mul_e4m3((w[k] >> (8 * i)) & 0xFFu, e[i], scale);
+  }
+}
+// 16 floats times 2^-e to 16 e4m3 codes (4 words).
+OPENMLA_HD void encode_e4m3x16(const float* x, float inv_scale, uint32_t (&w)[4]) {
+  OPENMLA_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t lo =
+        float2_to_e4m3x2(mul_rn(x[4 * k], inv_scale), mul_rn(x[4 * k + 1], inv_scale));
+    const uint32_t hi =
+        float2_to_e4m3x2(mul_rn(x[4 * k + 2], inv_scale), mul_rn(x[4 * k + 3], inv_scale));
+    w[k] = lo | (hi << 16);
+  }
+}
+OPENMLA_HD float max_ignoring_nan(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);  // FMNMX: the non-NaN operand
+#else
+  return b > a ? b : a;  // a is never NaN here
+#endif
+}
+// Largest finite |x| (0 if none): a NaN-ignoring max, redone without the infinities in the rare
+// case one was picked.
+OPENMLA_HD float finite_amax16(const float* x) {
+  float amax = 0.0f;
+  OPENMLA_UNROLL
+  for (int i = 0; i < 16; ++i) amax = max_ignoring_nan(amax, abs_f(x[i]));
+  if (f2u(amax) == 0x7F800000u) {
+    amax = 0.0f;
+    for (int i = 0; i < 16; ++i) {
+      const float a = abs_f(x[i]);
+      if (f2u(a) < 0x7F800000u && a > amax) amax = a;
+    }
+  }
+  return amax;
+}
+}  // namespace detail
+
+// The lane's share of its group's finite amax (the caller reduces it over group_lanes()).
+template <Codec C>
+OPENMLA_HD float lane_amax(const LaneVals& v, int lane) {
+  if constexpr (C == Codec::kFP8_Model1) {
+    if (lane >= 28) return 0.0f;  // rope lanes
+  }
+  return detail::finite_amax16(v.main);
+}
+
+// Reads token `t` into lane `lane`'s values.
+template <Codec C, int D>
+OPENMLA_HD void decode_lane(const ConstTokenPtr& t, int lane, LaneVals& v) {
+  static_assert(codec_supports<C, D>(), "codec and d_qk");
+  if constexpr (C == Codec::kBF16 || C == Codec::kFP16) {
+    constexpr bool kFp16 = C == Codec::kFP16;
+    uint32_t w[8];
+    load_bytes<32>(t.data + 32 * lane, w);
+    detail::halves_to_float<kFp16>(w, 8, v.main);
+    if constexpr (D == 576) {
+      uint32_t tw[1];
+      load_bytes<4>(t.data + 1024 + 4 * lane, tw);
+      detail::halves_to_float<kFp16>(tw, 1, v.tail);
+    }
+  } else if constexpr (C == Codec::kF32) {
+    uint32_t w[16];
+    load_bytes<64>(t.data + 64 * lane, w);
+    OPENMLA_UNROLL
+    for (int i = 0; i < 16; ++i) v.main[i] = u2f(w[i]);
+    if constexpr (D == 576) {
+      uint32_t tw[2];
+      load_bytes<8>(t.data + 2048 + 8 * lane, tw);
+      v.tail[0] = u2f(tw[0]), v.tail[1] = u2f(tw[1]);
+    }
+  } else if constexpr (C == Codec::kFP8_V32) {
+    uint32_t w[4], tw[1];
+    load_bytes<16>(t.data + 16 * lane, w);
+    const float scale = load_f32(t.scale + 4 * (lane >> 3));
+    load_bytes<4>(t.rope + 4 * lane, tw);
+    detail::decode_e4m3x16(w, scale, v.main);
+    detail::halves_to_float<false>(tw, 1, v.tail);
+  } else if constexpr (C == Codec::kFP8_Model1) {
+    if (lane < 28) {
+      uint32_t w[4];
+      load_bytes<16>(t.data + 16 * lane, w);
+      const float scale = e8m0_to_float(load_u8(t.scale + (lane >> 2)));
+      detail::decode_e4m3x16(w, scale, v.main);
+    } else {
+      uint32_t w[8];
+      load_bytes<32>(t.rope + 32 * (lane - 28), w);
+      detail::halves_to_float<false>(w, 8, v.main);
+    }
+  } else if constexpr (C == Codec::kFP8_MX) {
+    uint32_t w[4];
+    load_bytes<16>(t.data + 16 * lane, w);
+    const float scale = e8m0_to_float(load_u8(t.scale + (lane >> 1)));
+    detail::decode_e4m3x16(w, scale, v.main);
+  } else if constexpr (C == Codec::kFP4) {
+    uint32_t w[2];
+    load_bytes<8>(t.data + 8 * lane, w);
+    const float scale = e4m3_to_float(load_u8(t.scale + lane));
+    OPENMLA_UNROLL
+    for (int i = 0; i < 16; ++i) {
+      v.main[i] = host_mul(e2m1_to_float((w[i / 8] >> (4 * (i % 8))) & 0xFu), scale);
+    }
+  }
+}
+
+// Writes lane `lane`'s share of token `t`; `group_amax` is the finite amax of the lane's group
+// (the max of lane_amax over its group_lanes() lanes; ignored by plain codecs).
+template <Codec C, int D>
+OPENMLA_HD void encode_lane(const TokenPtr& t, int lane, const LaneVals& v, float group_amax) {
+  static_assert(codec_supports<C, D>(), "codec and d_qk");
+  if constexpr (C == Codec::kBF16 || C == Codec::kFP16) {
+    constexpr bool kFp16 = C == Codec::kFP16;
+    uint32_t w[8];
+    detail::float_to_halves<kFp16>(v.main, 8, w);
+    store_bytes<32>(t.data + 32 * lane, w);
+    if constexpr (D == 576) {
+      uint32_t tw[1];
+      detail::float_to_halves<kFp16>(v.tail, 1, tw);
+      store_bytes<4>(t.data + 1024 + 4 * lane, tw);
+    }
+  } else if constexpr (C == Codec::kF32) {
+    uint32_t w[16];
+    OPENMLA_UNROLL
+    for (int i = 0; i < 16; ++i) w[i] = f2u(v.main[i]);
+    store_bytes<64>(t.data + 64 * lane, w);
+    if constexpr (D == 576) {
+      const uint32_t tw[2] = {f2u(v.tail[0]), f2u(v.tail[1])};
+      store_bytes<8>(t.data + 2048 + 8 * lane, tw);
+    }
+  } else if constexpr (C == Codec::kFP8_V32 || C == Codec::kFP8_Model1 || C == Codec::kFP8_MX) {
+    if (C != Codec::kFP8_Model1 || lane < 28) {
+      const int e = pow2_scale_exponent(group_amax);
+      uint32_t w[4];
+      detail::encode_e4m3x16(v.main, exp2_int(-e), w);
+      store_bytes<16>(t.data + 16 * lane, w);
+      if constexpr (C == Codec::kFP8_V32) {
+        if ((lane & 7) == 0) {
+          const uint32_t s[1] = {f2u(exp2_int(e))};
+          store_bytes<4>(t.scale + 4 * (lane >> 3), s);
+        }
+      } else if constexpr (C == Codec::kFP8_Model1) {
+        if ((lane & 3) == 0) t.scale[lane >> 2] = static_cast<uint8_t>(e8m0_from_exponent(e));
+      } else {
+        if ((lane & 1) == 0) t.scale[lane >> 1] = static_cast<uint8_t>(e8m0_from_exponent(e));
+      }
+    } else {
+      // fp8_model1's rope lanes: dims 448 + 16 (lane - 28) ... as bf16; lane 28 also writes the
+      // scale part's pad byte.
+      uint32_t w[8];
+      detail::float_to_halves<false>(v.main, 8, w);
+      store_bytes<32>(t.rope + 32 * (lane - 28), w);
+      if (lane == 28) t.scale[7] = 0;
+    }
+    if constexpr (C == Codec::kFP8_V32) {
+      uint32_t tw[1];
+      detail::float_to_halves<false>(v.tail, 1, tw);
+      store_bytes<4>(t.rope + 4 * lane, tw);
+    }
+  } else if constexpr (C == Codec::kFP4) {
+    const uint32_t scale_code = fp4_scale_code(group_amax);
+    const float scale = e4m3_to_float(scale_code);
+    const Fp4Bounds bounds = fp4_bounds(scale);  // e2m1(x / scale) without dividing
+    uint32_t w[2] = {0, 0};
+    OPENMLA_UNROLL
+    for (int i = 0; i < 16; ++i) w[i / 8] |= e2m1_of_quotient(v.main[i], bounds) << (4 * (i % 8));
+    store_bytes<8>(t.data + 8 * lane, w);
+    t.scale[lane] = static_cast<uint8_t>(scale_code);
+  }
+}
+
+}  // namespace openmla::cuda::kvcodec
