@@ -1,0 +1,56 @@
+"""OpenMLA: Multi-head Latent Attention kernels for the DeepSeek models.
+
+Framework-neutral functions over numpy arrays and torch tensors (CPU or CUDA):
+
+    dense_decode, sparse_decode, sparse_prefill, merge_attention_states,
+    kv_cache_write, kv_cache_gather, kv_cache_convert, quantize, dequantize, new_kv_cache,
+    plan_decode_schedule, decode_num_sm_parts, kv_format_info, kv_layout, describe_kv_cache
+
+FlashMLA's interface: `import openmla.flash_mla as flash_mla`. With torch installed, the
+operations are also registered as torch.library custom ops (torch.ops.openmla.*) so that
+torch.compile and CUDA graphs work; torch is never required.
+"""
+
+from . import _C
+from ._api import (
+    KV_FORMATS,
+    DecodeSchedule,
+    cuda_backend_available,
+    decode_num_sm_parts,
+    dense_decode,
+    dequantize,
+    describe_kv_cache,
+    infer_kv_format,
+    kv_cache_convert,
+    kv_cache_gather,
+    kv_cache_write,
+    kv_format_info,
+    kv_layout,
+    merge_attention_states,
+    new_kv_cache,
+    plan_decode_schedule,
+    quantize,
+    sparse_decode,
+    sparse_prefill,
+)
+from . import flash_mla
+
+__version__ = _C.__version__
+
+try:  # torch is optional: register the custom ops only where it is importable
+    import torch as _torch  # noqa: F401
+except ImportError:
+    torch_ops_registered = False
+else:
+    from . import _torch_ops
+
+    torch_ops_registered = _torch_ops.registered
+    del _torch
+
+__all__ = [
+    "KV_FORMATS", "DecodeSchedule", "cuda_backend_available", "decode_num_sm_parts",
+    "dense_decode", "dequantize", "describe_kv_cache", "infer_kv_format", "kv_cache_convert",
+    "kv_cache_gather", "kv_cache_write", "kv_format_info", "kv_layout", "merge_attention_states",
+    "new_kv_cache", "plan_decode_schedule", "quantize", "sparse_decode", "sparse_prefill",
+    "flash_mla", "torch_ops_registered", "__version__",
+]

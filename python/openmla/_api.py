@@ -1,0 +1,569 @@
+"""Framework-neutral OpenMLA functions.
+
+Every function takes numpy arrays or torch tensors (CPU or CUDA), allocates its outputs with the
+caller's framework on the caller's device (unless they are passed in), runs the C++ operation on
+the framework's current stream (torch) and returns the outputs. Wrong dtypes raise TypeError,
+wrong shapes, devices or formats ValueError, each naming the argument, before anything runs; an
+operation without a kernel on the tensors' device raises NotImplementedError.
+
+numpy has no bfloat16: use ml_dtypes.bfloat16 arrays (pip install ml_dtypes) for bf16 data, or
+float32 where the operation accepts it (kv_cache_write's input, merge_attention_states,
+kv_cache_gather's output, quantize/dequantize).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
+
+from . import _C
+from . import _frameworks as fw
+
+__all__ = [
+    "DecodeSchedule", "dense_decode", "sparse_decode", "sparse_prefill", "merge_attention_states",
+    "kv_cache_write", "kv_cache_gather", "kv_cache_convert", "quantize", "dequantize",
+    "new_kv_cache", "plan_decode_schedule", "decode_num_sm_parts", "kv_format_info", "kv_layout",
+    "describe_kv_cache", "cache_d_qk", "infer_kv_format", "KV_FORMATS", "cuda_backend_available",
+]
+
+KV_FORMATS = tuple(_C.kv_format_names())
+_LAYOUTS = ("default", "interleaved")
+
+
+class DecodeSchedule(NamedTuple):
+    """A split-KV schedule (see plan_decode_schedule); reusable across the layers of a step."""
+    metadata: Any    # [num_sm_parts, 8] int32
+    num_splits: Any  # [batch + 1] int32
+
+
+# --- argument checks ------------------------------------------------------------------------
+
+def _shape(x: Any) -> Tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def _shape_str(x: Any) -> str:
+    return "[" + ", ".join(str(s) for s in _shape(x)) + "]"
+
+
+def _require_array(op: str, arg: str, x: Any) -> None:
+    if not fw.is_array(x):
+        raise TypeError(f"{op}: {arg}: expected an array (numpy.ndarray or torch.Tensor), got "
+                        f"{type(x).__name__}")
+
+
+def _check(op: str, arg: str, x: Any, dtypes: Sequence[str], rank: Optional[int] = None,
+           optional: bool = False) -> None:
+    """TypeError unless `x` is an array of one of `dtypes`; ValueError unless it has `rank` dims."""
+    if x is None:
+        if optional:
+            return
+        raise TypeError(f"{op}: {arg}: required, got None")
+    _require_array(op, arg, x)
+    name = fw.dtype_name(x)
+    if name not in dtypes:
+        raise TypeError(f"{op}: {arg}: expected dtype {' or '.join(dtypes)}, got {name}")
+    if rank is not None and len(x.shape) != rank:
+        raise ValueError(f"{op}: {arg}: expected {rank} dimensions, got {len(x.shape)} "
+                         f"(shape {_shape_str(x)})")
+
+
+def _check_out(op: str, arg: str, x: Any, dtypes: Sequence[str], shape: Sequence[int]) -> None:
+    _check(op, arg, x, dtypes, len(shape))
+    if _shape(x) != tuple(shape):
+        raise ValueError(f"{op}: {arg}: expected shape {list(shape)}, got {_shape_str(x)}")
+    if isinstance(x, fw.np.ndarray) and not x.flags.writeable:
+        raise ValueError(f"{op}: {arg}: the output array is read-only")
+
+
+def _check_cache(op: str, arg: str, x: Any, optional: bool = False) -> None:
+    _check(op, arg, x, fw.BYTE_DTYPES + ("bf16", "fp16"), optional=optional)
+    if x is not None and len(x.shape) not in (3, 4):
+        raise ValueError(f"{op}: {arg}: expected shape [num_blocks, page_size, 1, bytes_per_token] "
+                         f"(or [num_blocks, page_size, bytes_per_token]), got {_shape_str(x)}")
+
+
+def _check_format(op: str, arg: str, kv_format: Optional[str], layout: str) -> None:
+    if kv_format is not None and kv_format not in KV_FORMATS:
+        raise ValueError(f"{op}: {arg}: unknown KV format {kv_format!r} (expected one of "
+                         f"{', '.join(KV_FORMATS)})")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"{op}: {arg}: unknown KV layout {layout!r} (expected 'default' or "
+                         "'interleaved')")
+
+
+def _scale(op: str, softmax_scale: Optional[float]) -> float:
+    # The C++ API reads a scale <= 0 as "the default 1/sqrt(d_qk)"; None is that default here.
+    if softmax_scale is None:
+        return 0.0
+    scale = float(softmax_scale)
+    if not (0.0 < scale < float("inf")):
+        raise ValueError(f"{op}: softmax_scale: expected a finite number > 0 (or None for "
+                         f"1/sqrt(d_qk)), got {softmax_scale}")
+    return scale
+
+
+def _stream(frame, like: Any, stream: Optional[int]) -> int:
+    return frame.stream(like) if stream is None else int(stream)
+
+
+def _workspace(frame, like: Any, size: int):
+    return frame.empty((size,), "uint8", like) if size > 0 else None
+
+
+def _device(frame, like: Any, op: str, arg: str) -> Tuple[str, int]:
+    device = frame.device(like)
+    if device[0] not in ("cpu", "cuda"):
+        raise ValueError(f"{op}: {arg}: expected a CPU or CUDA tensor, got device {device[0]}")
+    return device
+
+
+def _tracing(x: Any) -> bool:
+    """True while torch.compile traces a call on torch tensors: route it to the custom ops."""
+    torch = fw._torch()
+    if torch is None or not isinstance(x, torch.Tensor):
+        return False
+    compiler = getattr(torch, "compiler", None)
+    if compiler is None or not getattr(compiler, "is_compiling", lambda: False)():
+        return False
+    from . import _torch_ops
+    return _torch_ops.registered
+
+
+def _custom_ops():
+    from . import _torch_ops
+    return _torch_ops
+
+
+def _copy_into(results, outs):
+    """Under torch.compile: the functional op's results, copied into the given outputs."""
+    merged = []
+    for result, given in zip(results, outs):
+        if given is None:
+            merged.append(result)
+        else:
+            given.copy_(result)
+            merged.append(given)
+    return tuple(merged)
+
+
+def _schedule_args(schedule: Optional[DecodeSchedule]) -> dict:
+    if schedule is None:
+        return {}
+    metadata, num_splits = schedule
+    return {"sched_metadata": fw.to_c(metadata), "sched_num_splits": fw.to_c(num_splits)}
+
+
+# --- decode ---------------------------------------------------------------------------------
+
+def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
+                 softmax_scale: Optional[float] = None, causal: bool = False,
+                 schedule: Optional[DecodeSchedule] = None, out=None, lse=None,
+                 stream: Optional[int] = None):
+    """Dense decode (V3/V3.1 MLA, absorbed form): (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]).
+
+    q [b, s_q, h_q, d_qk] bf16|fp16; k_cache [num_blocks, page_size, h_kv, d_qk] (q's dtype);
+    block_table [b, max_blocks] int32; cache_seqlens [b] int32.
+    """
+    op = "dense_decode"
+    _check(op, "q", q, ("bf16", "fp16"), 4)
+    frame = fw.framework_of(q, op, "q")
+    _check(op, "k_cache", k_cache, (fw.dtype_name(q),), 4)
+    _check(op, "block_table", block_table, ("int32",), 2)
+    _check(op, "cache_seqlens", cache_seqlens, ("int32",), 1)
+    scale = _scale(op, softmax_scale)
+    if _tracing(q):
+        return _custom_ops().dense_decode(q, k_cache, block_table, cache_seqlens, d_v, scale,
+                                          bool(causal), schedule, out, lse)
+    b, s_q, h_q, _ = _shape(q)
+    h_kv = int(k_cache.shape[2])
+    qdt = fw.dtype_name(q)
+    if out is None:
+        out = frame.empty((b, s_q, h_q, d_v), qdt, q, op, "out")
+    else:
+        _check_out(op, "out", out, (qdt,), (b, s_q, h_q, d_v))
+    if lse is None:
+        lse = frame.empty((b, h_q, s_q), "fp32", q, op, "lse")
+    else:
+        _check_out(op, "lse", lse, ("fp32",), (b, h_q, s_q))
+    device = _device(frame, q, op, "q")
+    ws = 0
+    if h_kv >= 1 and h_q % h_kv == 0:
+        ws = _C.dense_decode_workspace_size(device[0], device[1], b, s_q, h_q, h_kv, d_v)
+    with frame.guard(q):
+        _C.dense_decode(fw.to_c(q), fw.to_c(k_cache), fw.to_c(block_table),
+                        fw.to_c(cache_seqlens), fw.to_c(out), fw.to_c(lse), d_v=d_v,
+                        softmax_scale=scale, causal=bool(causal),
+                        workspace=fw.to_c(_workspace(frame, q, ws)),
+                        stream=_stream(frame, q, stream), **_schedule_args(schedule))
+    return out, lse
+
+
+def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extra_k_cache=None,
+                  extra_indices=None, extra_topk_length=None, kv_format: Optional[str] = None,
+                  kv_layout: str = "default", extra_kv_format: Optional[str] = None,
+                  extra_kv_layout: str = "default", d_v: int = 512,
+                  softmax_scale: Optional[float] = None,
+                  schedule: Optional[DecodeSchedule] = None, out=None, lse=None,
+                  stream: Optional[int] = None):
+    """Sparse decode (V3.2 DSA, V4, V4.1). Returns (out [b, s_q, h_q, d_v] bf16, lse [b, h_q, s_q]).
+
+    q [b, s_q, h_q, d_qk] bf16; k_cache: cache bytes [num_blocks, page_size, 1, bytes_per_token]
+    (format from bytes per token, or `kv_format`) or a bf16 cache [num_blocks, page_size, 1, d_qk];
+    indices [b, s_q, topk] int32 of slots block * page_size + offset (out of range: ignored).
+    """
+    op = "sparse_decode"
+    _check(op, "q", q, ("bf16",), 4)
+    frame = fw.framework_of(q, op, "q")
+    _check_cache(op, "k_cache", k_cache)
+    _check_format(op, "kv_format", kv_format, kv_layout)
+    _check(op, "indices", indices, ("int32",), 3)
+    _check(op, "topk_length", topk_length, ("int32",), 1, optional=True)
+    _check(op, "attn_sink", attn_sink, ("fp32",), 1, optional=True)
+    _check_cache(op, "extra_k_cache", extra_k_cache, optional=True)
+    _check_format(op, "extra_kv_format", extra_kv_format, extra_kv_layout)
+    _check(op, "extra_indices", extra_indices, ("int32",), 3, optional=True)
+    _check(op, "extra_topk_length", extra_topk_length, ("int32",), 1, optional=True)
+    scale = _scale(op, softmax_scale)
+    if _tracing(q):
+        return _custom_ops().sparse_decode(
+            q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
+            extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
+            scale, schedule, out, lse)
+    b, s_q, h_q, _ = _shape(q)
+    if out is None:
+        out = frame.empty((b, s_q, h_q, d_v), "bf16", q, op, "out")
+    else:
+        _check_out(op, "out", out, ("bf16",), (b, s_q, h_q, d_v))
+    if lse is None:
+        lse = frame.empty((b, h_q, s_q), "fp32", q, op, "lse")
+    else:
+        _check_out(op, "lse", lse, ("fp32",), (b, h_q, s_q))
+    device = _device(frame, q, op, "q")
+    ws = _C.sparse_decode_workspace_size(device[0], device[1], b, s_q, h_q, d_v)
+    with frame.guard(q):
+        _C.sparse_decode(
+            fw.to_c(q), fw.to_c(k_cache), fw.to_c(indices), fw.to_c(out), fw.to_c(lse),
+            k_cache_format=kv_format, k_cache_layout=kv_layout, topk_length=fw.to_c(topk_length),
+            extra_k_cache=fw.to_c(extra_k_cache), extra_k_cache_format=extra_kv_format,
+            extra_k_cache_layout=extra_kv_layout, extra_indices=fw.to_c(extra_indices),
+            extra_topk_length=fw.to_c(extra_topk_length), attn_sink=fw.to_c(attn_sink), d_v=d_v,
+            softmax_scale=scale, workspace=fw.to_c(_workspace(frame, q, ws)),
+            stream=_stream(frame, q, stream), **_schedule_args(schedule))
+    return out, lse
+
+
+def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v: int = 512,
+                   attn_sink=None, topk_length=None, out=None, max_logits=None, lse=None,
+                   stream: Optional[int] = None):
+    """Sparse prefill. Returns (out [s_q, h_q, d_v] bf16, max_logits [s_q, h_q], lse [s_q, h_q]).
+
+    q [s_q, h_q, d_qk] bf16; kv [s_kv, h_kv, d_qk] bf16; indices [s_q, h_kv, topk] int32
+    (invalid: < 0 or >= s_kv).
+    """
+    op = "sparse_prefill"
+    _check(op, "q", q, ("bf16",), 3)
+    frame = fw.framework_of(q, op, "q")
+    _check(op, "kv", kv, ("bf16",), 3)
+    _check(op, "indices", indices, ("int32",), 3)
+    _check(op, "attn_sink", attn_sink, ("fp32",), 1, optional=True)
+    _check(op, "topk_length", topk_length, ("int32",), 1, optional=True)
+    scale = _scale(op, softmax_scale)
+    if _tracing(q):
+        results = _custom_ops().sparse_prefill(q, kv, indices, scale, d_v, attn_sink, topk_length)
+        return _copy_into(results, (out, max_logits, lse))
+    s_q, h_q, _ = _shape(q)
+    if out is None:
+        out = frame.empty((s_q, h_q, d_v), "bf16", q, op, "out")
+    else:
+        _check_out(op, "out", out, ("bf16",), (s_q, h_q, d_v))
+    if max_logits is None:
+        max_logits = frame.empty((s_q, h_q), "fp32", q, op, "max_logits")
+    else:
+        _check_out(op, "max_logits", max_logits, ("fp32",), (s_q, h_q))
+    if lse is None:
+        lse = frame.empty((s_q, h_q), "fp32", q, op, "lse")
+    else:
+        _check_out(op, "lse", lse, ("fp32",), (s_q, h_q))
+    device = _device(frame, q, op, "q")
+    ws = _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
+    with frame.guard(q):
+        _C.sparse_prefill(fw.to_c(q), fw.to_c(kv), fw.to_c(indices), fw.to_c(out),
+                          fw.to_c(max_logits), fw.to_c(lse), topk_length=fw.to_c(topk_length),
+                          attn_sink=fw.to_c(attn_sink), d_v=d_v, softmax_scale=scale,
+                          workspace=fw.to_c(_workspace(frame, q, ws)),
+                          stream=_stream(frame, q, stream))
+    return out, max_logits, lse
+
+
+# --- merge ----------------------------------------------------------------------------------
+
+def merge_attention_states(part_out, part_lse, *, out=None, lse=None,
+                           out_dtype: Optional[str] = None, return_lse: bool = True,
+                           stream: Optional[int] = None):
+    """Merges partial attention states: lse = log Σ exp(lse_i), out = Σ exp(lse_i - lse) · out_i.
+
+    part_out [n, tokens, heads, d_v] fp32|bf16|fp16; part_lse [n, tokens, heads] fp32 (any strides:
+    a [n, b, h, s] decode lse transposed to [n, b, s, h] fits as a view). Returns (out, lse) with
+    out [tokens, heads, d_v] in `out_dtype` (default part_out's dtype) and lse [tokens, heads]
+    fp32, or just out when return_lse is False.
+    """
+    op = "merge_attention_states"
+    floats = ("fp32", "bf16", "fp16")
+    _check(op, "part_out", part_out, floats, 4)
+    frame = fw.framework_of(part_out, op, "part_out")
+    _check(op, "part_lse", part_lse, ("fp32",), 3)
+    _, tokens, heads, d_v = _shape(part_out)
+    odt = out_dtype or fw.dtype_name(part_out)
+    if odt not in floats:
+        raise TypeError(f"{op}: out_dtype: expected fp32, bf16 or fp16, got {odt}")
+    if _tracing(part_out):
+        merged, merged_lse = _copy_into(
+            _custom_ops().merge_attention_states(part_out, part_lse, out_dtype), (out, lse))
+        return (merged, merged_lse) if return_lse else merged
+    if out is None:
+        out = frame.empty((tokens, heads, d_v), odt, part_out, op, "out")
+    else:
+        _check_out(op, "out", out, floats, (tokens, heads, d_v))
+    if lse is None and return_lse:
+        lse = frame.empty((tokens, heads), "fp32", part_out, op, "lse")
+    elif lse is not None:
+        _check_out(op, "lse", lse, ("fp32",), (tokens, heads))
+    with frame.guard(part_out):
+        _C.merge_attention_states(fw.to_c(part_out), fw.to_c(part_lse), fw.to_c(out),
+                                  fw.to_c(lse), stream=_stream(frame, part_out, stream))
+    return (out, lse) if return_lse else out
+
+
+# --- KV cache -------------------------------------------------------------------------------
+
+def kv_cache_write(kv, slot_mapping, cache, *, kv_format: Optional[str] = None,
+                   kv_layout: str = "default", stream: Optional[int] = None) -> None:
+    """Quantises kv [n, d_qk] (bf16 or fp32) into `cache` at slot_mapping [n] (int32|int64,
+    block * page_size + offset; -1 or out of range: skipped). `cache` is modified in place."""
+    op = "kv_cache_write"
+    _check(op, "kv", kv, ("bf16", "fp32"), 2)
+    frame = fw.framework_of(kv, op, "kv")
+    _check(op, "slot_mapping", slot_mapping, ("int32", "int64"), 1)
+    _check_cache(op, "cache", cache)
+    _check_format(op, "kv_format", kv_format, kv_layout)
+    if isinstance(cache, fw.np.ndarray) and not cache.flags.writeable:
+        raise ValueError(f"{op}: cache: the cache array is read-only")
+    if _tracing(kv):
+        return _custom_ops().kv_cache_write(kv, slot_mapping, cache, kv_format, kv_layout)
+    with frame.guard(kv):
+        _C.kv_cache_write(fw.to_c(kv), fw.to_c(slot_mapping), fw.to_c(cache),
+                          cache_format=kv_format, cache_layout=kv_layout,
+                          stream=_stream(frame, kv, stream))
+
+
+def describe_kv_cache(cache, *, kv_format: Optional[str] = None,
+                      kv_layout: str = "default") -> dict:
+    """The format, page layout and block count OpenMLA reads from `cache` (a dict)."""
+    op = "describe_kv_cache"
+    _check_cache(op, "cache", cache)
+    _check_format(op, "kv_format", kv_format, kv_layout)
+    with fw.framework_of(cache, op, "cache").guard(cache):
+        return _C.describe_kv_cache(fw.to_c(cache), kv_format, kv_layout)
+
+
+def cache_d_qk(cache, kv_format: Optional[str] = None) -> int:
+    """Dims per token of a cache array, from its dtype and last dim (and `kv_format`)."""
+    last = int(cache.shape[-1])
+    if fw.dtype_name(cache) in ("bf16", "fp16"):
+        return last
+    fmt = kv_format or _C.kv_format_from_bytes_per_token(last)
+    if fmt is None:
+        raise ValueError(f"cache: cannot infer the KV format from {last} bytes per token (known: "
+                         "656 fp8_v32, 584 fp8_model1, 528 fp8_mx, 288 fp4)")
+    if fmt in ("bf16", "fp16"):
+        return last // 2
+    return _C.kv_format_info(fmt)["d_qk"]
+
+
+def kv_cache_gather(cache, slots, *, kv_format: Optional[str] = None, kv_layout: str = "default",
+                    out=None, out_dtype: str = "fp32", stream: Optional[int] = None):
+    """Dequantises the tokens at slots [n] (int32|int64) into out [n, d_qk] (fp32 or bf16); an
+    invalid slot gives a row of zeros."""
+    op = "kv_cache_gather"
+    _check_cache(op, "cache", cache)
+    frame = fw.framework_of(cache, op, "cache")
+    _check_format(op, "kv_format", kv_format, kv_layout)
+    _check(op, "slots", slots, ("int32", "int64"), 1)
+    if _tracing(cache):
+        gathered = _custom_ops().kv_cache_gather(cache, slots, kv_format, kv_layout,
+                                                 fw.dtype_name(out) if out is not None
+                                                 else out_dtype)
+        return _copy_into((gathered,), (out,))[0]
+    try:
+        d_qk = cache_d_qk(cache, kv_format)
+    except ValueError as error:
+        raise ValueError(f"{op}: {error}") from None
+    n = int(slots.shape[0])
+    if out is None:
+        if out_dtype not in ("fp32", "bf16"):
+            raise TypeError(f"{op}: out_dtype: expected fp32 or bf16, got {out_dtype}")
+        out = frame.empty((n, d_qk), out_dtype, cache, op, "out")
+    else:
+        _check_out(op, "out", out, ("fp32", "bf16"), (n, d_qk))
+    with frame.guard(cache):
+        _C.kv_cache_gather(fw.to_c(cache), fw.to_c(slots), fw.to_c(out), cache_format=kv_format,
+                           cache_layout=kv_layout, stream=_stream(frame, cache, stream))
+    return out
+
+
+def kv_cache_convert(src, dst, *, src_format: Optional[str] = None, src_layout: str = "default",
+                     dst_format: Optional[str] = None, dst_layout: str = "default",
+                     src_blocks=None, dst_blocks=None, stream: Optional[int] = None) -> None:
+    """Converts the tokens of cache `src` into cache `dst` (another format and/or layout, same
+    page size and d_qk): every block b, or dst block dst_blocks[i] from src block src_blocks[i]
+    (int32|int64, -1 skips). `dst` is modified in place."""
+    op = "kv_cache_convert"
+    if not hasattr(_C, "kv_cache_convert"):
+        raise NotImplementedError(f"{op}: this build of openmla has no kv_cache_convert")
+    _check_cache(op, "src", src)
+    frame = fw.framework_of(src, op, "src")
+    _check_cache(op, "dst", dst)
+    _check_format(op, "src_format", src_format, src_layout)
+    _check_format(op, "dst_format", dst_format, dst_layout)
+    _check(op, "src_blocks", src_blocks, ("int32", "int64"), 1, optional=True)
+    _check(op, "dst_blocks", dst_blocks, ("int32", "int64"), 1, optional=True)
+    if isinstance(dst, fw.np.ndarray) and not dst.flags.writeable:
+        raise ValueError(f"{op}: dst: the cache array is read-only")
+    if _tracing(src):
+        return _custom_ops().kv_cache_convert(src, dst, src_format, src_layout, dst_format,
+                                              dst_layout, src_blocks, dst_blocks)
+    with frame.guard(src):
+        _C.kv_cache_convert(fw.to_c(src), fw.to_c(dst), src_format=src_format,
+                            src_layout=src_layout, dst_format=dst_format, dst_layout=dst_layout,
+                            src_blocks=fw.to_c(src_blocks), dst_blocks=fw.to_c(dst_blocks),
+                            stream=_stream(frame, src, stream))
+
+
+def _token_format(op: str, kv_format: str, d_qk: int) -> dict:
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"{op}: kv_format: unknown KV format {kv_format!r} (expected one of "
+                         f"{', '.join(KV_FORMATS)})")
+    return _C.kv_format_info(kv_format, d_qk)
+
+
+def quantize(x, kv_format: str, *, layout: str = "interleaved", stream: Optional[int] = None):
+    """Encodes x [n, d_qk] (bf16 or fp32) into the cache bytes of `kv_format`: uint8
+    [n, bytes_per_token], one token per row, as a page_size=1 cache of `layout` holds them."""
+    op = "quantize"
+    _check(op, "x", x, ("bf16", "fp32"), 2)
+    frame = fw.framework_of(x, op, "x")
+    _check_format(op, "layout", None, layout)
+    n, d_qk = _shape(x)
+    info = _token_format(op, kv_format, d_qk if d_qk in (512, 576) else 576)
+    if d_qk != info["d_qk"]:
+        raise ValueError(f"{op}: x: format {kv_format} holds {info['d_qk']} dims per token, "
+                         f"got {d_qk} (shape {_shape_str(x)})")
+    bpt = info["bytes_per_token"]
+    cache = frame.zeros((n, 1, 1, bpt), "uint8", x, op, "cache")
+    if n > 0:
+        kv_cache_write(x, frame.arange(n, x), cache, kv_format=kv_format, kv_layout=layout,
+                       stream=stream)
+    return cache.reshape(n, bpt)
+
+
+def dequantize(data, kv_format: Optional[str] = None, *, layout: str = "interleaved",
+               out_dtype: str = "fp32", stream: Optional[int] = None):
+    """Decodes cache bytes uint8 [n, bytes_per_token] (the format inferred from bytes per token
+    unless given) into [n, d_qk] of `out_dtype` (fp32 or bf16)."""
+    op = "dequantize"
+    _check(op, "data", data, fw.BYTE_DTYPES, 2)
+    frame = fw.framework_of(data, op, "data")
+    _check_format(op, "kv_format", kv_format, layout)
+    n, bpt = _shape(data)
+    cache = data.reshape(n, 1, 1, bpt)
+    if n == 0:
+        fmt = kv_format or _C.kv_format_from_bytes_per_token(bpt)
+        if fmt is None:
+            raise ValueError(f"{op}: data: cannot infer the KV format from {bpt} bytes per token")
+        d_qk = _C.kv_format_info(fmt, bpt // 2 if fmt in ("bf16", "fp16") else 576)["d_qk"]
+        return frame.empty((0, d_qk), out_dtype, data, op, "out")
+    return kv_cache_gather(cache, frame.arange(n, data), kv_format=kv_format, kv_layout=layout,
+                           out_dtype=out_dtype, stream=stream)
+
+
+def new_kv_cache(num_blocks: int, page_size: int, kv_format: str, *, layout: str = "default",
+                 d_qk: int = 576, like=None):
+    """A zero-filled paged cache [num_blocks, page_size, 1, bytes_per_token] uint8 (bf16/fp16
+    [num_blocks, page_size, 1, d_qk] for the plain formats) whose block stride is the layout's
+    (fp8_model1's default blocks are padded to a multiple of 576 B). Allocated with `like`'s
+    framework and device (numpy when None)."""
+    op = "new_kv_cache"
+    _check_format(op, "kv_format", kv_format, layout)
+    if kv_format is None:
+        raise ValueError(f"{op}: kv_format: required")
+    if num_blocks < 0 or page_size < 1:
+        raise ValueError(f"{op}: expected num_blocks >= 0 and page_size >= 1, got "
+                         f"{num_blocks} and {page_size}")
+    frame = fw.Numpy if like is None else fw.framework_of(like, op, "like")
+    info = _C.kv_format_info(kv_format, d_qk)
+    desc = _C.kv_layout(kv_format, page_size, layout, d_qk)
+    block_stride = desc["block_stride"]
+    plain = not info["quantized"]
+    item = 2 if plain else 1
+    dtype = kv_format if plain else "uint8"
+    row = info["bytes_per_token"] // item
+    buffer = frame.zeros((max(num_blocks, 1) * block_stride // item,), dtype, like, op, "cache")
+    return frame.as_strided(buffer, (num_blocks, page_size, 1, row),
+                            (block_stride // item, row, row, 1))
+
+
+# --- schedule and facts ---------------------------------------------------------------------
+
+def decode_num_sm_parts(like, s_q: int, h_q: int, h_kv: int = 1) -> int:
+    """Workers of a decode schedule on `like`'s device (a tensor) or on "cpu" / "cuda[:N]"."""
+    if isinstance(like, str):
+        kind, _, index = like.partition(":")
+        device = (kind, int(index) if index else 0)
+    else:
+        frame = fw.framework_of(like, "decode_num_sm_parts", "like")
+        device = _device(frame, like, "decode_num_sm_parts", "like")
+    return _C.decode_num_sm_parts(device[0], device[1], s_q, h_q, h_kv)
+
+
+def plan_decode_schedule(seqlens, s_q: int, h_q: int, h_kv: int = 1, *,
+                         num_sm_parts: Optional[int] = None, block_tokens: int = 64,
+                         stream: Optional[int] = None) -> DecodeSchedule:
+    """Plans a split-KV schedule from seqlens [b] int32 (keys per request) on seqlens' device."""
+    op = "plan_decode_schedule"
+    _check(op, "seqlens", seqlens, ("int32",), 1)
+    frame = fw.framework_of(seqlens, op, "seqlens")
+    if num_sm_parts is None:
+        num_sm_parts = decode_num_sm_parts(seqlens, s_q, h_q, h_kv)
+    if num_sm_parts < 1:
+        raise ValueError(f"{op}: num_sm_parts: expected >= 1, got {num_sm_parts}")
+    if _tracing(seqlens):
+        return _custom_ops().plan_decode_schedule(seqlens, s_q, h_q, h_kv, num_sm_parts,
+                                                  block_tokens)
+    metadata = frame.empty((num_sm_parts, _C.SCHEDULE_METADATA_INTS), "int32", seqlens)
+    num_splits = frame.empty((int(seqlens.shape[0]) + 1,), "int32", seqlens)
+    with frame.guard(seqlens):
+        _C.plan_decode_schedule(fw.to_c(seqlens), fw.to_c(metadata), fw.to_c(num_splits), s_q, h_q,
+                                h_kv, num_sm_parts=num_sm_parts, block_tokens=block_tokens,
+                                stream=_stream(frame, seqlens, stream))
+    return DecodeSchedule(metadata, num_splits)
+
+
+def kv_format_info(kv_format: str, d_qk: int = 576) -> dict:
+    """Static facts of a KV format: d_qk, bytes_per_token, group_size, ... (a dict)."""
+    return _token_format("kv_format_info", kv_format, d_qk)
+
+
+def kv_layout(kv_format: str, page_size: int, layout: str = "default", d_qk: int = 576) -> dict:
+    """The byte layout of one page block: offsets and strides of data, scales and rope."""
+    _check_format("kv_layout", "layout", kv_format, layout)
+    return _C.kv_layout(kv_format, page_size, layout, d_qk)
+
+
+def infer_kv_format(bytes_per_token: int) -> Optional[str]:
+    """The quantised format with this many bytes per token (656, 584, 528, 288), else None."""
+    return _C.kv_format_from_bytes_per_token(int(bytes_per_token))
+
+
+def cuda_backend_available() -> bool:
+    """Whether this build has the CUDA backend."""
+    return _C.cuda_backend_available()

@@ -1,0 +1,220 @@
+"""FlashMLA's Python interface, served by OpenMLA: `import openmla.flash_mla as flash_mla`.
+
+The names, signatures and return shapes are FlashMLA's (flash_mla/flash_mla_interface.py):
+get_mla_metadata, flash_mla_with_kvcache (dense and sparse decode), flash_mla_sparse_fwd (sparse
+prefill) and FlashMLASchedMeta. Differences:
+  * tensors may be numpy arrays as well as torch tensors, on the CPU as well as on the GPU;
+  * a sparse k_cache may be any format of DESIGN §3 (inferred from bytes per token: 656 V3.2,
+    584 V4, 528 V4.1, 288 V4.1 fp4; or a bf16 cache), in the default or a token-interleaved
+    layout (keyword-only kv_format / kv_layout / extra_kv_format / extra_kv_layout);
+  * flash_mla_with_kvcache takes keyword-only `out=` / `lse=` to write into existing buffers;
+  * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts.
+Not implemented yet (NotImplementedError): dense decode over an FP8 cache, indexer_topk > 0 in
+flash_mla_sparse_fwd, and the dense MHA prefill functions (flash_attn_varlen_*).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Tuple
+
+from . import _api
+from . import _frameworks as fw
+
+__all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache",
+           "flash_mla_sparse_fwd", "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func"]
+
+
+@dataclasses.dataclass
+class FlashMLASchedMeta:
+    """Split-KV scheduling state, filled by the first flash_mla_with_kvcache call that uses it.
+
+    Reuse one instance across the layers of a decode step (same shapes and the same values of
+    cache_seqlens / topk_length / extra_topk_length), as with FlashMLA."""
+
+    @dataclasses.dataclass
+    class Config:
+        b: int
+        s_q: int
+        h_q: int
+        page_block_size: int
+        h_k: int
+        causal: bool
+        is_fp8_kvcache: bool
+        topk: Optional[int]
+        extra_page_block_size: Optional[int]
+        extra_topk: Optional[int]
+
+    have_initialized: bool = False
+    config: Optional[Config] = None
+    tile_scheduler_metadata: Any = None  # [num_sm_parts, 8] int32 (dense decode), else None
+    num_splits: Any = None               # [batch + 1] int32 (dense decode), else None
+
+
+def get_mla_metadata(*args: Any, **kwargs: Any) -> Tuple[FlashMLASchedMeta, None]:
+    """Returns (FlashMLASchedMeta(), None); the schedule is made by the first decode call.
+
+    Arguments are accepted and ignored, for FlashMLA's older interface
+    (cache_seqlens, num_q_tokens_per_head_k, num_heads_k, ...)."""
+    return FlashMLASchedMeta(), None
+
+
+def _dim(x: Any, i: int) -> Optional[int]:
+    return int(x.shape[i]) if x is not None else None
+
+
+def _config(q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache, extra_indices):
+    return FlashMLASchedMeta.Config(
+        int(q.shape[0]), int(q.shape[1]), int(q.shape[2]), int(k_cache.shape[1]),
+        int(k_cache.shape[2]) if len(k_cache.shape) == 4 else 1, bool(causal),
+        bool(is_fp8_kvcache), _dim(indices, -1), _dim(extra_k_cache, 1), _dim(extra_indices, -1))
+
+
+def _check_same_config(saved: FlashMLASchedMeta.Config, now: FlashMLASchedMeta.Config) -> None:
+    if saved == now:
+        return
+    for field in dataclasses.fields(saved):
+        a, b = getattr(saved, field.name), getattr(now, field.name)
+        if a != b:
+            raise ValueError(
+                f"flash_mla_with_kvcache: tile_scheduler_metadata: this FlashMLASchedMeta was "
+                f"made for {field.name}={a}, but this call has {field.name}={b}; use one "
+                "FlashMLASchedMeta per set of shapes (get_mla_metadata())")
+
+
+def flash_mla_with_kvcache(
+    q,
+    k_cache,
+    block_table,
+    cache_seqlens,
+    head_dim_v: int,
+    tile_scheduler_metadata: Optional[FlashMLASchedMeta],
+    num_splits: None = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    is_fp8_kvcache: bool = False,
+    indices=None,
+    attn_sink=None,
+    extra_k_cache=None,
+    extra_indices_in_kvcache=None,
+    topk_length=None,
+    extra_topk_length=None,
+    *,
+    out=None,
+    lse=None,
+    kv_format: Optional[str] = None,
+    kv_layout: str = "default",
+    extra_kv_format: Optional[str] = None,
+    extra_kv_layout: str = "default",
+):
+    """Decode attention over a paged KV cache. Returns (out [b, s_q, h_q, head_dim_v],
+    softmax_lse [b, h_q, s_q] float32).
+
+    Dense (indices is None): q [b, s_q, h_q, d_qk] bf16|fp16, k_cache [num_blocks, page_size, h_kv,
+    d_qk] of q's dtype, block_table [b, max_blocks] int32, cache_seqlens [b] int32, optional causal.
+    Sparse (indices [b, s_q, topk] int32 of slots block * page_size + offset): q bf16, k_cache of
+    any format, block_table / cache_seqlens unused, optional topk_length [b], attn_sink [h_q]
+    float32, extra_k_cache + extra_indices_in_kvcache [b, s_q, extra_topk] + extra_topk_length.
+    """
+    op = "flash_mla_with_kvcache"
+    sched = tile_scheduler_metadata
+    if sched is not None and not isinstance(sched, FlashMLASchedMeta):
+        raise TypeError(f"{op}: tile_scheduler_metadata: expected a FlashMLASchedMeta (from "
+                        f"get_mla_metadata()), got {type(sched).__name__}")
+    if num_splits is not None:
+        raise ValueError(f"{op}: num_splits: must be None (get_mla_metadata() returns None there)")
+    for name, value in (("q", q), ("k_cache", k_cache)):
+        if not fw.is_array(value):
+            raise TypeError(f"{op}: {name}: expected an array (numpy.ndarray or torch.Tensor), "
+                            f"got {type(value).__name__}")
+    sparse = indices is not None
+    if len(q.shape) != 4:
+        raise ValueError(f"{op}: q: expected 4 dimensions [b, s_q, h_q, d_qk], got shape "
+                         f"{list(q.shape)}")
+    if not sparse and len(k_cache.shape) != 4:
+        raise ValueError(f"{op}: k_cache: expected 4 dimensions [num_blocks, page_size, h_kv, "
+                         f"d_qk], got shape {list(k_cache.shape)}")
+
+    if sched is not None:
+        config = _config(q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache,
+                         extra_indices_in_kvcache)
+        if sched.have_initialized:
+            _check_same_config(sched.config, config)
+        else:
+            sched.have_initialized = True
+            sched.config = config
+
+    if sparse:
+        if causal:
+            raise ValueError(f"{op}: causal: must be False for sparse attention (indices given)")
+        cache_is_bytes = fw.dtype_name(k_cache) in fw.BYTE_DTYPES
+        if is_fp8_kvcache and not cache_is_bytes:
+            raise ValueError(f"{op}: is_fp8_kvcache: True, but k_cache has dtype "
+                             f"{fw.dtype_name(k_cache)} (an FP8 cache is uint8/float8 bytes)")
+        return _api.sparse_decode(
+            q, k_cache, indices, topk_length=topk_length, attn_sink=attn_sink,
+            extra_k_cache=extra_k_cache, extra_indices=extra_indices_in_kvcache,
+            extra_topk_length=extra_topk_length, kv_format=kv_format, kv_layout=kv_layout,
+            extra_kv_format=extra_kv_format, extra_kv_layout=extra_kv_layout, d_v=head_dim_v,
+            softmax_scale=softmax_scale, out=out, lse=lse)
+
+    for name, value in (("attn_sink", attn_sink), ("extra_k_cache", extra_k_cache),
+                        ("extra_indices_in_kvcache", extra_indices_in_kvcache),
+                        ("topk_length", topk_length), ("extra_topk_length", extra_topk_length)):
+        if value is not None:
+            raise ValueError(f"{op}: {name}: only for sparse attention (pass indices), got a "
+                             "value with dense attention")
+    if block_table is None or cache_seqlens is None:
+        raise ValueError(f"{op}: block_table and cache_seqlens: required for dense attention")
+    if is_fp8_kvcache or fw.dtype_name(k_cache) in fw.BYTE_DTYPES:
+        raise NotImplementedError(
+            f"{op}: dense decode over an FP8 KV cache is not implemented yet (OpenMLA has dense "
+            "decode over bf16/fp16 caches, and sparse decode over every FP8 format)")
+    schedule = None
+    if sched is not None:
+        if sched.tile_scheduler_metadata is None:
+            # The first call plans the schedule from cache_seqlens; later calls with this
+            # FlashMLASchedMeta (the other layers of the step) reuse it. Arguments the planner
+            # cannot take are left to dense_decode, whose checks name them.
+            h_kv = int(k_cache.shape[2])
+            plannable = (h_kv >= 1 and int(q.shape[2]) % h_kv == 0 and fw.is_array(cache_seqlens)
+                         and fw.dtype_name(cache_seqlens) == "int32"
+                         and len(cache_seqlens.shape) == 1)
+            if plannable:
+                planned = _api.plan_decode_schedule(cache_seqlens, int(q.shape[1]),
+                                                    int(q.shape[2]), h_kv)
+                sched.tile_scheduler_metadata, sched.num_splits = planned
+        if sched.tile_scheduler_metadata is not None:
+            schedule = _api.DecodeSchedule(sched.tile_scheduler_metadata, sched.num_splits)
+    return _api.dense_decode(q, k_cache, block_table, cache_seqlens, d_v=head_dim_v,
+                             softmax_scale=softmax_scale, causal=causal, schedule=schedule,
+                             out=out, lse=lse)
+
+
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale: float, d_v: int = 512, attn_sink=None,
+                         topk_length=None, indexer_topk: int = 0):
+    """Sparse prefill. q [s_q, h_q, d_qk] bf16, kv [s_kv, h_kv, d_qk] bf16, indices
+    [s_q, h_kv, topk] int32 (invalid: < 0 or >= s_kv). Returns (out [s_q, h_q, d_v] bf16,
+    max_logits [s_q, h_q] float32, lse [s_q, h_q] float32)."""
+    if indexer_topk:
+        raise NotImplementedError("flash_mla_sparse_fwd: indexer_topk > 0 (the indexer lse) is "
+                                  "not implemented in OpenMLA yet; pass indexer_topk=0")
+    return _api.sparse_prefill(q, kv, indices, softmax_scale=sm_scale, d_v=d_v,
+                               attn_sink=attn_sink, topk_length=topk_length)
+
+
+def _dense_prefill_not_implemented(name: str):
+    def function(*args: Any, **kwargs: Any):
+        raise NotImplementedError(f"{name}: dense MHA-mode prefill is not implemented in OpenMLA "
+                                  "yet (DESIGN §2.6)")
+    function.__name__ = name
+    function.__doc__ = "Dense MHA-mode prefill (FlashMLA name); not implemented yet."
+    return function
+
+
+flash_attn_varlen_func = _dense_prefill_not_implemented("flash_attn_varlen_func")
+flash_attn_varlen_qkvpacked_func = _dense_prefill_not_implemented(
+    "flash_attn_varlen_qkvpacked_func")
+flash_attn_varlen_kvpacked_func = _dense_prefill_not_implemented(
+    "flash_attn_varlen_kvpacked_func")
