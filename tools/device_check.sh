@@ -7,16 +7,17 @@
 # The device has no network: the CUTLASS headers must already be in .deps/ (tools/fetch_cutlass.py
 # run elsewhere) or CUTLASS_DIR must point at them; nothing is fetched here.
 #
-# Writes at most 7 files into $OUT (the device tool returns 8):
+# Writes at most 8 files into $OUT (the device tool returns 8):
 #   summary.txt    versions, then PASS/FAIL/SKIP per step as each finishes
 #   build.log      configure + build output        ptxas.txt   registers/stack/spills per kernel
 #   cpu_tests.txt  gpu_tests.txt  sanitizer.txt    bench.txt   (every openmla_bench_* appended)
+#   python.txt     pytest on the GPU, the context-parallel example, the demo (main job)
 # Exits non-zero when any step failed; later steps still run where they can.
 #
 # Options (environment):
 #   GTEST_FILTER=...       filter for both test binaries (default: all tests)
 #   SANITIZER_FILTER=...   filter for the memcheck run (default '*Small*:*Sanitizer*')
-#   SKIP_SANITIZER=1  SKIP_BENCH=1
+#   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1
 #   BUILD_DIR=build-device  JOBS=$(nproc)  CMAKE_ARGS="..." (extra configure arguments)
 #   BUILD_TIMEOUT=420 TEST_TIMEOUT=240 SANITIZER_TIMEOUT=300 BENCH_TIMEOUT=240 (seconds per step)
 set -u -o pipefail
@@ -117,9 +118,15 @@ else
   fi
   CUTLASS_ARG=()
   if [[ -n "${CUTLASS_DIR:-}" ]]; then CUTLASS_ARG=(-DCUTLASS_DIR="$CUTLASS_DIR"); fi
+  # The Python extension builds in the same tree when nanobind is importable (it is on the device).
+  PYTHON_ARG=()
+  if python3 -c 'import nanobind' >/dev/null 2>&1; then
+    PYTHON_ARG=(-DOPENMLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)")
+  fi
   # shellcheck disable=SC2086 # CMAKE_ARGS is a list of words on purpose
   run_step "$BUILD_LOG" 300 cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DOPENMLA_CUDA=ON \
-    -DOPENMLA_FETCH_CUTLASS=OFF -DCMAKE_BUILD_TYPE=Release "${CUTLASS_ARG[@]}" ${CMAKE_ARGS:-}
+    -DOPENMLA_FETCH_CUTLASS=OFF -DCMAKE_BUILD_TYPE=Release "${CUTLASS_ARG[@]}" "${PYTHON_ARG[@]}" \
+    ${CMAKE_ARGS:-}
   if [[ $STEP_RC -eq 0 ]]; then
     record configure PASS "$STEP_SECONDS"
     # -k 0: report every failing translation unit (every spill) in one run.
@@ -202,6 +209,40 @@ else
       record sanitizer FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); filter '$SANITIZER_FILTER'; $errors"
     fi
   fi
+fi
+
+# --- Python package on the GPU (torch), the context-parallel example, the main job -----------
+if [[ "${SKIP_PYTHON:-0}" == 1 ]]; then
+  record python SKIP 0 "SKIP_PYTHON=1"
+else
+  LOG="$OUT/python.txt"
+  : >"$LOG"
+  shopt -s nullglob
+  ext=("$BUILD_DIR"/python/_C*.so)
+  shopt -u nullglob
+  if [[ ${#ext[@]} -eq 0 ]] || ! built "${ext[0]}"; then
+    record python FAIL 0 "extension not built (nanobind missing?)"
+  else
+    # The package as pip would lay it out: the Python modules plus the extension built above.
+    PKG="$BUILD_DIR/pypkg"
+    rm -rf "$PKG" && mkdir -p "$PKG/openmla"
+    cp "$ROOT"/python/openmla/*.py "$PKG/openmla/" && cp "${ext[0]}" "$PKG/openmla/"
+    export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    run_step "$LOG" "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts="" -rs \
+      -p no:cacheprovider "$ROOT/tests/python"
+    summary="$(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -n 1)"
+    if [[ $STEP_RC -eq 0 ]]; then record pytest PASS "$STEP_SECONDS" "$summary"; else
+      record pytest FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) $summary"; fi
+    run_step "$LOG" 180 python3 "$ROOT/examples/context_parallel_decode.py" --simulate 4
+    if [[ $STEP_RC -eq 0 ]]; then record context_par PASS "$STEP_SECONDS" "$(grep -m1 '^simulated' "$LOG" | cut -c1-150)"; else
+      record context_par FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
+  fi
+fi
+if built "$BUILD_DIR/bench/openmla_demo"; then
+  LOG="$OUT/python.txt"
+  echo "===== openmla_demo (the main job)" >>"$LOG"
+  run_step "$LOG" 180 "$BUILD_DIR/bench/openmla_demo" --iters 10
+  if [[ $STEP_RC -eq 0 ]]; then record demo PASS "$STEP_SECONDS"; else record demo FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
 fi
 
 # --- benchmarks ------------------------------------------------------------------------------
