@@ -1,0 +1,367 @@
+// Dense MLA decode on the GPU: the same-run ceilings (device-to-device copy bandwidth, bf16 GEMM
+// rate through cuBLAS), then the ANCHORS.md grid (b 128, s_q 1|2, h_q 16..128, seqlen 1k..32k),
+// a varlen batch and b = 1 at 128k, printed as markdown rows for bench/RESULTS.md.
+//
+// Timing as ANCHORS.md measured FlashMLA: GPU time of one schedule-less decode (the schedule is
+// planned once outside the timed region; timed = decode kernel + combine) between CUDA events,
+// L2 flushed by a 512 MiB memset before each of 15 runs, median; and the median of 15
+// back-to-back runs without the flush. bf16, d_qk 576, d_v 512, page 64, non-causal.
+// TFLOP/s = 2 * s_q * h_q * (keys) * (576 + 512); GB/s = keys * 1152 bytes (KV read once).
+#include <cuda_runtime.h>
+#ifdef OPENMLA_BENCH_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/sm90/dense_decode/launch.h"
+#include "openmla/ops.h"
+
+namespace {
+
+using namespace openmla;
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+void check(const Status& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, st.message().c_str());
+    std::exit(1);
+  }
+}
+
+// Uniform values in [-1, 1) as bf16 bits, from a hash of the index (never zeros).
+__global__ void fill_random_bf16(uint16_t* data, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f;
+    data[i] = static_cast<uint16_t>(__float_as_uint(u) >> 16);
+  }
+}
+
+void fill(void* p, size_t elements, uint64_t seed) {
+  fill_random_bf16<<<1024, 256>>>(static_cast<uint16_t*>(p), elements, seed);
+  check(cudaGetLastError(), "fill");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Timer {
+  cudaEvent_t start, stop;
+  Timer() {
+    check(cudaEventCreate(&start), "event");
+    check(cudaEventCreate(&stop), "event");
+  }
+  ~Timer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  // Milliseconds of f() on the default stream.
+  template <typename F>
+  double time(F&& f) {
+    check(cudaEventRecord(start), "record");
+    f();
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0.f;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    return ms;
+  }
+};
+
+constexpr size_t kFlushBytes = size_t{512} << 20;
+void* g_flush = nullptr;
+void flush_l2() { check(cudaMemsetAsync(g_flush, 0, kFlushBytes), "flush"); }
+
+// --- ceilings --------------------------------------------------------------------------------
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t{2} << 30;
+  void *a, *b;
+  check(cudaMalloc(&a, bytes), "malloc");
+  check(cudaMalloc(&b, bytes), "malloc");
+  check(cudaMemset(a, 1, bytes), "memset");
+  Timer t;
+  std::vector<double> ms;
+  for (int i = 0; i < 13; ++i) {
+    const double m = t.time([&] { check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice), "copy"); });
+    if (i >= 3) ms.push_back(m);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;  // bytes read + written
+}
+
+double gemm_tflops() {
+#ifdef OPENMLA_BENCH_HAVE_CUBLAS
+  const int n = 8192;
+  void *a, *b, *c;
+  const size_t elems = size_t{n} * n;
+  check(cudaMalloc(&a, elems * 2), "malloc");
+  check(cudaMalloc(&b, elems * 2), "malloc");
+  check(cudaMalloc(&c, elems * 2), "malloc");
+  fill(a, elems, 11);
+  fill(b, elems, 12);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 0.0;
+  const float alpha = 1.f, beta = 0.f;
+  Timer t;
+  std::vector<double> ms;
+  for (int i = 0; i < 13; ++i) {
+    const double m = t.time([&] {
+      cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
+                   CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
+    });
+    if (i >= 3) ms.push_back(m);
+  }
+  check(cudaGetLastError(), "gemm");
+  cublasDestroy(handle);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * double(n) * n / (median(ms) * 1e-3) / 1e12;
+#else
+  return 0.0;
+#endif
+}
+
+// --- FlashMLA's H200 figures (ANCHORS.md), µs, for the speedup column -------------------------
+double flashmla_us(int s_q, int h_q, int seqlen) {
+  struct Row { int s_q, h_q; double us[5]; };  // seqlen 1024, 2048, 4096, 8192, 32768
+  static const Row rows[] = {
+      {1, 16, {49.5, 87.3, 162.2, 307.6, 1129.4}},  {1, 32, {49.1, 87.9, 162.7, 307.7, 1136.8}},
+      {2, 16, {49.4, 87.7, 162.0, 307.2, 1140.1}},  {1, 64, {50.5, 89.1, 165.0, 310.2, 1155.9}},
+      {2, 64, {72.1, 125.1, 228.6, 448.2, 1688.7}}, {1, 128, {72.2, 124.4, 229.4, 448.0, 1688.9}},
+      {2, 128, {131.6, 226.9, 428.0, 812.0, 3144.7}}};
+  const int lens[] = {1024, 2048, 4096, 8192, 32768};
+  for (const Row& r : rows) {
+    if (r.s_q != s_q || r.h_q != h_q) continue;
+    for (int i = 0; i < 5; ++i) {
+      if (lens[i] == seqlen) return r.us[i];
+    }
+  }
+  return 0.0;
+}
+
+// --- one decode shape ----------------------------------------------------------------------------
+struct Shape {
+  int batch, s_q, h_q;
+  std::vector<int> seqlens;
+  std::string label;  // seqlen column
+  double anchor_us;   // FlashMLA's figure, 0 if none
+};
+
+struct Buffers {
+  void* kv = nullptr;
+  size_t kv_blocks = 0;
+};
+
+// Returns the flushed median in µs; prints a markdown row unless `quiet`.
+double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std::mt19937& rng,
+                 bool quiet = false) {
+  const int b = s.batch, d = 576, dv = 512, page = 64;
+  std::vector<int> need(b);
+  int64_t blocks = 0, max_need = 1, keys = 0;
+  for (int i = 0; i < b; ++i) {
+    need[i] = (s.seqlens[i] + page - 1) / page;
+    blocks += need[i];
+    max_need = std::max<int64_t>(max_need, need[i]);
+    keys += s.seqlens[i];
+  }
+  if (static_cast<size_t>(blocks) > buf.kv_blocks) {
+    std::fprintf(stderr, "kv buffer too small\n");
+    std::exit(1);
+  }
+  // Physical blocks: a random permutation of the first `blocks` blocks of the cache.
+  std::vector<int32_t> perm(blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(static_cast<size_t>(b) * max_need, 0);
+  int64_t next = 0;
+  for (int i = 0; i < b; ++i) {
+    for (int j = 0; j < need[i]; ++j) table[static_cast<size_t>(i) * max_need + j] = perm[next++];
+  }
+  void *q, *out, *lse, *table_d, *seq_d, *meta_d, *splits_d, *ws;
+  int parts = 0;
+  check(decode_num_sm_parts(Device::cuda(0), s.s_q, s.h_q, 1, &parts), "num_sm_parts");
+  const size_t ws_bytes = dense_decode_workspace_size(Device::cuda(0), b, s.s_q, s.h_q, 1, dv);
+  check(cudaMalloc(&q, size_t{2} * b * s.s_q * s.h_q * d), "malloc");
+  check(cudaMalloc(&out, size_t{2} * b * s.s_q * s.h_q * dv), "malloc");
+  check(cudaMalloc(&lse, size_t{4} * b * s.s_q * s.h_q), "malloc");
+  check(cudaMalloc(&table_d, table.size() * 4), "malloc");
+  check(cudaMalloc(&seq_d, size_t{4} * b), "malloc");
+  check(cudaMalloc(&meta_d, size_t{4} * parts * kScheduleMetadataInts), "malloc");
+  check(cudaMalloc(&splits_d, size_t{4} * (b + 1)), "malloc");
+  check(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)), "malloc");
+  fill(q, static_cast<size_t>(b) * s.s_q * s.h_q * d, rng());
+  check(cudaMemcpy(table_d, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "h2d");
+  check(cudaMemcpy(seq_d, s.seqlens.data(), size_t{4} * b, cudaMemcpyHostToDevice), "h2d");
+
+  const Device dev = Device::cuda(0);
+  DecodeScheduleArgs sa;
+  sa.seqlens = TensorView::contiguous(seq_d, DType::kInt32, {b}, dev);
+  sa.s_q = s.s_q, sa.h_q = s.h_q, sa.h_kv = 1;
+  sa.metadata = TensorView::contiguous(meta_d, DType::kInt32, {parts, kScheduleMetadataInts}, dev);
+  sa.num_splits = TensorView::contiguous(splits_d, DType::kInt32, {b + 1}, dev);
+  check(plan_decode_schedule(sa), "plan");
+
+  DenseDecodeArgs a;
+  a.q = TensorView::contiguous(q, DType::kBF16, {b, s.s_q, s.h_q, d}, dev);
+  a.k_cache = TensorView::contiguous(buf.kv, DType::kBF16,
+                                     {static_cast<int64_t>(buf.kv_blocks), page, 1, d}, dev);
+  a.block_table = TensorView::contiguous(table_d, DType::kInt32, {b, max_need}, dev);
+  a.cache_seqlens = sa.seqlens;
+  a.out = TensorView::contiguous(out, DType::kBF16, {b, s.s_q, s.h_q, dv}, dev);
+  a.lse = TensorView::contiguous(lse, DType::kFP32, {b, s.h_q, s.s_q}, dev);
+  a.schedule.metadata = sa.metadata;
+  a.schedule.num_splits = sa.num_splits;
+  a.workspace = {ws, ws_bytes};
+
+  Timer t;
+  for (int i = 0; i < 3; ++i) check(dense_decode(a), "dense_decode");
+  check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<double> flushed, b2b;
+  for (int i = 0; i < 15; ++i) {
+    flush_l2();
+    flushed.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
+  }
+  for (int i = 0; i < 15; ++i) b2b.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
+  check(cudaDeviceSynchronize(), "bench");
+  const double us = median(flushed) * 1e3, us_b2b = median(b2b) * 1e3;
+  const double tflops = 2.0 * s.s_q * s.h_q * double(keys) * (d + dv) / (us * 1e-6) / 1e12;
+  const double gbs = double(keys) * 1152.0 / (us * 1e-6) / 1e9;
+  char anchor[64] = "";
+  if (s.anchor_us > 0) std::snprintf(anchor, sizeof(anchor), "%.1f · %.2f×", s.anchor_us, s.anchor_us / us);
+  if (!quiet) {
+    std::printf("| %d | %d | %d | %s | %.1f | %.1f | %.0f | %.0f | %.1f%% | %.1f%% | %s |\n", b,
+                s.s_q, s.h_q, s.label.c_str(), us, us_b2b, tflops, gbs, 100.0 * gbs / copy_gbs,
+                gemm > 0 ? 100.0 * tflops / gemm : 0.0, anchor);
+    std::fflush(stdout);
+  }
+  for (void* p : {q, out, lse, table_d, seq_d, meta_d, splits_d, ws}) cudaFree(p);
+  return us;
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  std::printf("## dense decode, %s, %s (%d SMs)\n\n", date, prop.name, prop.multiProcessorCount);
+  check(cudaMalloc(&g_flush, kFlushBytes), "malloc flush");
+
+  // OPENMLA_BENCH_SHAPE=s_q,h_q,seqlen: that one b = 128 shape only (for a profiler run).
+  if (const char* only = std::getenv("OPENMLA_BENCH_SHAPE")) {
+    int s_q = 1, h_q = 64, len = 4096;
+    if (std::sscanf(only, "%d,%d,%d", &s_q, &h_q, &len) != 3) return 2;
+    Buffers one;
+    one.kv_blocks = size_t{128} * len / 64;
+    check(cudaMalloc(&one.kv, one.kv_blocks * 64 * 576 * 2), "malloc kv");
+    fill(one.kv, one.kv_blocks * 64 * 576, 7);
+    std::mt19937 rng(5);
+    std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | |\n");
+    run_shape({128, s_q, h_q, std::vector<int>(128, len), std::to_string(len), 0.0}, one, 4200.0,
+              780.0, rng);
+    return 0;
+  }
+
+  const double copy_gbs = copy_bandwidth_gbs();
+  const double gemm = gemm_tflops();
+  std::printf("ceilings (same run): device-to-device copy %.0f GB/s (2 GiB, read + write, median); "
+              "bf16 GEMM 8192^3 (cuBLAS) %.0f TFLOP/s (median)\n\n", copy_gbs, gemm);
+
+  Buffers buf;
+  buf.kv_blocks = size_t{128} * 32768 / 64;  // the largest grid point: 4.8 GB of bf16 KV
+  check(cudaMalloc(&buf.kv, buf.kv_blocks * 64 * 576 * 2), "malloc kv");
+  fill(buf.kv, buf.kv_blocks * 64 * 576, 7);
+  check(cudaDeviceSynchronize(), "fill");
+
+  // Knob sweep (launch.h DenseDecodeTuning) on a few shapes, then the grid at the best setting.
+  std::mt19937 sweep_rng(99);
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int sweep_shapes[][3] = {{1, 16, 8192}, {1, 64, 4096}, {1, 128, 4096}, {1, 16, 1024},
+                                 {1, 128, 1024}, {2, 128, 8192}};
+  const int prefetch_values[] = {0, 1, 2, 3, 4, 6};
+  std::printf("knob sweep, µs (b 128, rows: s_q h_q seqlen; columns: L2 prefetch tiles ahead)\n");
+  std::printf("| s_q | h_q | seqlen |");
+  for (int v : prefetch_values) std::printf(" pf %d |", v);
+  std::printf(" pf 2, evict normal |\n");
+  double best_total = 1e30;
+  int best_prefetch = tuning.l2_prefetch_tiles;
+  std::vector<double> totals(std::size(prefetch_values), 0.0);
+  for (const auto& sh : sweep_shapes) {
+    std::printf("| %d | %d | %d |", sh[0], sh[1], sh[2]);
+    double base = 0.0;
+    for (size_t i = 0; i < std::size(prefetch_values); ++i) {
+      tuning.l2_prefetch_tiles = prefetch_values[i];
+      const double us = run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0}, buf,
+                                  copy_gbs, gemm, sweep_rng, true);
+      if (i == 0) base = us;
+      totals[i] += us / base;  // each shape weighs the same
+      std::printf(" %.1f |", us);
+    }
+    tuning.l2_prefetch_tiles = 2;
+    tuning.evict_first = 0;
+    std::printf(" %.1f |\n", run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0},
+                                        buf, copy_gbs, gemm, sweep_rng, true));
+    tuning.evict_first = -1;
+  }
+  for (size_t i = 0; i < totals.size(); ++i) {
+    if (totals[i] < best_total) best_total = totals[i], best_prefetch = prefetch_values[i];
+  }
+  tuning.l2_prefetch_tiles = best_prefetch;
+  std::printf("\ngrid at L2 prefetch %d tiles ahead (best of the sweep)\n\n", best_prefetch);
+
+  std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | FlashMLA µs · speedup |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::mt19937 rng(1234);
+  for (int s_q : {1, 2}) {
+    for (int h_q : {16, 32, 64, 128}) {
+      for (int len : {1024, 4096, 8192, 32768}) {
+        Shape s{128, s_q, h_q, std::vector<int>(128, len), std::to_string(len),
+                flashmla_us(s_q, h_q, len)};
+        run_shape(s, buf, copy_gbs, gemm, rng);
+      }
+    }
+  }
+  // Varlen: lengths uniform in [1, 2 * mean - 1].
+  for (int mean : {4096, 8192}) {
+    for (int h_q : {16, 128}) {
+      std::uniform_int_distribution<int> dist(1, 2 * mean - 1);
+      std::vector<int> lens(128);
+      for (int& l : lens) l = dist(rng);
+      const double anchor = h_q == 128 ? (mean == 4096 ? 249.3 : 457.2) : 0.0;
+      run_shape({128, 1, h_q, lens, "varlen mean " + std::to_string(mean), anchor}, buf, copy_gbs,
+                gemm, rng);
+    }
+  }
+  for (int h_q : {16, 128}) {
+    run_shape({1, 1, h_q, {131072}, "131072", h_q == 16 ? 76.8 : 82.1}, buf, copy_gbs, gemm, rng);
+  }
+  cudaFree(buf.kv);
+  cudaFree(g_flush);
+  return 0;
+}

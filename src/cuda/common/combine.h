@@ -1,0 +1,39 @@
+// Merge of split-KV decode partials (DESIGN §2.4 applied inside split-KV decode).
+//
+// The decode kernel writes a request that has one split straight to out/lse; a request with
+// n > 1 splits leaves fp32 partials in the workspace, indexed by global split
+// (schedule.num_splits[r] .. num_splits[r + 1]):
+//   lse_accum [splits, s_q, h_q]       natural-log partial lse, -inf where the split saw no key
+//   o_accum   [splits, s_q, h_q, d_v]  normalised partial output
+// and this kernel merges them: lse = log Σ exp(lse_i), out = Σ exp(lse_i - lse) o_i (out 0 and
+// lse +inf when no split saw a key). It is launched with programmatic dependent launch: its
+// blocks start while the decode kernel drains and wait (griddepcontrol.wait) for its results.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "openmla/tensor.h"
+
+namespace openmla::cuda {
+
+struct DecodeCombineParams {
+  const float* lse_accum = nullptr;
+  const float* o_accum = nullptr;
+  const int32_t* num_splits = nullptr;  // [batch + 1]
+  int64_t num_splits_stride = 1;
+  void* out = nullptr;  // [batch, s_q, h_q, d_v] bf16|fp16 (strides in elements)
+  int64_t out_stride_b = 0, out_stride_s = 0, out_stride_h = 0;
+  float* lse = nullptr;  // [batch, h_q, s_q]
+  int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
+  int batch = 0, s_q = 0, h_q = 0;
+  int rows_per_block = 1;  // query rows (token, head) one block merges
+  int max_splits = 1;      // bound on the splits of one request (the schedule's workers)
+};
+
+// d_v is 512. `out_dtype` is kBF16 or kFP16. One launch on `stream`, PDL-attributed.
+cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_dtype,
+                                  cudaStream_t stream);
+
+}  // namespace openmla::cuda

@@ -1,0 +1,172 @@
+// GPU split-KV planner (decode_schedule.h): the host walk of src/core/schedule.cc, in parallel.
+//
+// The host lays requests on a line of cost units (request i occupies [C_i, C_{i+1}),
+// cost_i = ceil(seqlen_i / block_tokens) + overhead) and ends worker w's share at
+// x_w = (w + 1) * share: inside the request with C_i <= x_w < C_{i+1}, after block
+// max(0, x_w - C_i - overhead). Here each request finds the boundaries that fall inside it
+// (a prefix sum gives C_i), then each worker reads its two boundaries and a second prefix sum
+// over workers gives every worker's first split. Integer arithmetic as on the host (int64).
+#include "cuda/common/decode_schedule.h"
+
+#include <string>
+
+#include "core/schedule.h"
+#include "openmla/ops.h"
+
+namespace openmla::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+
+// Exclusive prefix sum over the block; `total` gets the block's sum. Every thread must call it.
+__device__ int64_t block_exclusive_scan(int64_t v, int64_t* warp_sums, int64_t* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int64_t x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();  // warp_sums is free (the previous scan's readers are done)
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  int64_t offset = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int64_t s = warp_sums[w];
+    if (w < warp) offset += s;
+    sum += s;
+  }
+  *total = sum;
+  return offset + x - v;
+}
+
+__global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const DecodeSchedulePlan p) {
+  extern __shared__ int32_t boundary[];  // end_request[parts], end_block[parts]
+  __shared__ int64_t warp_sums[kWarps];
+  const int64_t batch = p.batch;
+  const int64_t parts = p.num_sm_parts > 1 ? p.num_sm_parts : 1;
+  const int64_t tokens_per_block = p.block_tokens > 1 ? p.block_tokens : 1;
+  const int64_t overhead = p.split_overhead_blocks > 0 ? p.split_overhead_blocks : 0;
+  auto seqlen = [&](int64_t i) -> int64_t {
+    const int64_t len = p.seqlens[i * p.seqlens_stride];
+    return len > 0 ? len : 0;
+  };
+  auto cost = [&](int64_t i) {
+    return (seqlen(i) + tokens_per_block - 1) / tokens_per_block + overhead;
+  };
+  int32_t* end_request = boundary;
+  int32_t* end_block = boundary + parts;
+  for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
+    end_request[w] = static_cast<int32_t>(batch);  // a boundary past every request
+    end_block[w] = 0;
+  }
+
+  int64_t local = 0;
+  for (int64_t i = threadIdx.x; i < batch; i += kThreads) local += cost(i);
+  int64_t total = 0;
+  block_exclusive_scan(local, warp_sums, &total);
+  const int64_t share = (total + parts - 1) / parts;
+
+  // Boundaries x_w of workers w < parts - 1 (the last worker always ends past every request).
+  int64_t carry = 0;
+  for (int64_t base = 0; base < batch; base += kThreads) {
+    const int64_t i = base + threadIdx.x;
+    const int64_t c = i < batch ? cost(i) : 0;
+    int64_t chunk = 0;
+    const int64_t begin = carry + block_exclusive_scan(c, warp_sums, &chunk);  // C_i
+    carry += chunk;
+    if (i < batch && c > 0 && share > 0) {
+      const int64_t end = begin + c;  // C_{i+1}
+      int64_t w_lo = (begin + share - 1) / share - 1;  // first w with x_w >= C_i
+      int64_t w_hi = (end - 1) / share - 1;            // last w with x_w < C_{i+1}
+      if (w_lo < 0) w_lo = 0;
+      if (w_hi > parts - 2) w_hi = parts - 2;
+      for (int64_t w = w_lo; w <= w_hi; ++w) {
+        const int64_t k = (w + 1) * share - begin - overhead;
+        end_request[w] = static_cast<int32_t>(i);
+        end_block[w] = static_cast<int32_t>(k > 0 ? k : 0);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Worker w walks from boundary w - 1 to boundary w; its first split is the number of request
+  // pieces of the workers before it.
+  int64_t split_carry = 0;
+  for (int64_t base = 0; base < parts; base += kThreads) {
+    const int64_t w = base + threadIdx.x;
+    int64_t begin_request = 0, begin_block = 0, end_req = batch, end_blk = 0, last = -1;
+    int64_t pieces = 0;
+    if (w < parts) {
+      if (w > 0) {
+        begin_request = end_request[w - 1];
+        begin_block = end_block[w - 1];
+      }
+      end_req = end_request[w];
+      end_blk = end_block[w];
+      last = end_blk > 0 ? end_req : end_req - 1;
+      pieces = last >= begin_request ? last - begin_request + 1 : 0;
+    }
+    int64_t chunk = 0;
+    const int64_t split = split_carry + block_exclusive_scan(pieces, warp_sums, &chunk);
+    split_carry += chunk;
+    if (w < parts) {
+      int32_t* m = p.metadata + w * p.metadata_stride_part;
+      const int64_t f = p.metadata_stride_field;
+      m[0] = static_cast<int32_t>(begin_request);
+      m[f] = static_cast<int32_t>(begin_block * tokens_per_block);
+      m[2 * f] = static_cast<int32_t>(last);
+      m[3 * f] = static_cast<int32_t>(end_blk > 0 ? end_blk * tokens_per_block
+                                                  : (last >= 0 ? seqlen(last) : 0));
+      m[4 * f] = static_cast<int32_t>(split);
+      m[5 * f] = m[6 * f] = m[7 * f] = 0;
+      for (int64_t r = begin_request; r <= last; ++r) {
+        if (r < last || end_blk == 0) {
+          p.num_splits[(r + 1) * p.num_splits_stride] =
+              static_cast<int32_t>(split + (r - begin_request) + 1);
+        }
+      }
+    }
+  }
+  if (threadIdx.x == 0) p.num_splits[0] = 0;
+}
+
+}  // namespace
+
+cudaError_t launch_plan_decode_schedule(const DecodeSchedulePlan& plan, cudaStream_t stream) {
+  const int parts = plan.num_sm_parts > 1 ? plan.num_sm_parts : 1;
+  if (parts > kMaxPlannerSmParts) return cudaErrorInvalidValue;
+  const size_t smem_bytes = sizeof(int32_t) * 2 * static_cast<size_t>(parts);
+  plan_decode_schedule_kernel<<<1, kThreads, smem_bytes, stream>>>(plan);
+  return cudaGetLastError();
+}
+
+Status plan_decode_schedule_gpu(const DecodeScheduleArgs& args,
+                                const core::DecodeScheduleShape& shape, cudaStream_t stream) {
+  if (shape.num_sm_parts > kMaxPlannerSmParts) {
+    return Status::NotImplemented("plan_decode_schedule: num_sm_parts " +
+                                  std::to_string(shape.num_sm_parts) + " above the GPU planner's " +
+                                  std::to_string(kMaxPlannerSmParts));
+  }
+  DecodeSchedulePlan plan;
+  plan.seqlens = args.seqlens.data_as<const int32_t>();
+  plan.seqlens_stride = args.seqlens.strides[0];
+  plan.batch = static_cast<int>(shape.batch);
+  plan.num_sm_parts = static_cast<int>(shape.num_sm_parts);
+  plan.block_tokens = args.block_tokens;
+  plan.split_overhead_blocks = core::kScheduleSplitOverheadBlocks;
+  plan.metadata = args.metadata.data_as<int32_t>();
+  plan.metadata_stride_part = args.metadata.strides[0];
+  plan.metadata_stride_field = args.metadata.strides[1];
+  plan.num_splits = args.num_splits.data_as<int32_t>();
+  plan.num_splits_stride = args.num_splits.strides[0];
+  const cudaError_t err = launch_plan_decode_schedule(plan, stream);
+  if (err != cudaSuccess) {
+    return Status::CudaError(std::string("plan_decode_schedule: launch: ") + cudaGetErrorString(err));
+  }
+  return Status::Ok();
+}
+
+}  // namespace openmla::cuda

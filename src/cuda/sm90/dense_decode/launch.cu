@@ -1,0 +1,329 @@
+// Host side of the SM90 dense decode family (launch.h): checks what the kernel needs beyond
+// core validation, lays out the workspace, plans the schedule when none is given, encodes the
+// paged cache's TMA map and launches decode + combine.
+#include "cuda/sm90/dense_decode/launch.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include <cute/numeric/numeric_types.hpp>
+
+#include "core/schedule.h"
+#include "cuda/common/combine.h"
+#include "cuda/common/decode_schedule.h"
+#include "cuda/common/sm_parts.h"
+#include "cuda/sm90/dense_decode/params.h"
+
+namespace openmla::cuda::sm90 {
+namespace {
+
+constexpr int kBlockTokens = 64;  // split boundaries fall on key tiles
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+struct WorkspaceLayout {
+  size_t metadata = 0, num_splits = 0, lse_accum = 0, o_accum = 0, total = 0;
+};
+
+WorkspaceLayout workspace_layout(int64_t batch, int64_t s_q, int64_t h_q, int64_t d_v,
+                                 int64_t parts) {
+  const int64_t splits = core::max_schedule_splits(batch, parts);
+  WorkspaceLayout w;
+  size_t off = 0;
+  w.metadata = off;
+  off = align_up(off + sizeof(int32_t) * parts * kScheduleMetadataInts);
+  w.num_splits = off;
+  off = align_up(off + sizeof(int32_t) * (batch + 1));
+  w.lse_accum = off;
+  off = align_up(off + sizeof(float) * splits * s_q * h_q);
+  w.o_accum = off;
+  off = align_up(off + sizeof(float) * splits * s_q * h_q * d_v);
+  w.total = off;
+  return w;
+}
+
+template <typename... Parts>
+Status invalid(Parts&&... parts) {
+  std::ostringstream os;
+  os << "dense_decode: ";
+  (os << ... << parts);
+  return Status::InvalidArgument(os.str());
+}
+
+template <typename... Parts>
+Status not_implemented(Parts&&... parts) {
+  std::ostringstream os;
+  os << "dense_decode: ";
+  (os << ... << parts);
+  return Status::NotImplemented(os.str());
+}
+
+Status cuda_error(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  return Status::CudaError(std::string("dense_decode: ") + what + ": " + cudaGetErrorString(err));
+}
+
+std::string strides_string(const TensorView& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int d = 0; d < t.rank; ++d) os << (d ? ", " : "") << t.strides[d];
+  os << "]";
+  return os.str();
+}
+
+// Strides (elements) of every dim of size > 1 except the last are multiples of `multiple`, and
+// the base address is aligned to `multiple` elements.
+bool strides_aligned(const TensorView& t, int64_t multiple) {
+  const size_t bytes = dtype_size_bytes(t.dtype) * multiple;
+  if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) return false;
+  for (int d = 0; d + 1 < t.rank; ++d) {
+    if (t.shape[d] > 1 && t.strides[d] % multiple != 0) return false;
+  }
+  return true;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// The cache as (dim, token-in-page, kv head, block).
+Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape, void* fallback,
+                        CUtensorMap* map) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    return Status::CudaError("dense_decode: cuTensorMapEncodeTiled is not available from the driver");
+  }
+  const uint64_t elem = 2;
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(shape.d_qk), static_cast<cuuint64_t>(shape.page_size),
+                        static_cast<cuuint64_t>(shape.h_kv),
+                        static_cast<cuuint64_t>(shape.num_blocks > 0 ? shape.num_blocks : 1)};
+  // A dim of size 1 is never stepped: give it the dense stride, whatever the caller's.
+  cuuint64_t strides[3];
+  uint64_t dense = dims[0] * elem;
+  for (int d = 0; d < 3; ++d) {
+    const int64_t s = k.strides[d == 0 ? 1 : (d == 1 ? 2 : 0)];
+    strides[d] = dims[d + 1] > 1 ? static_cast<cuuint64_t>(s) * elem : dense;
+    dense = strides[d] * dims[d + 1];
+  }
+  void* base = shape.num_blocks > 0 && k.data != nullptr ? k.data : fallback;
+  // Boxes of 64 dims x 32 keys (one half-tile piece), or x page_size keys for smaller pages.
+  cuuint32_t box[4] = {64, static_cast<cuuint32_t>(shape.page_size < 32 ? shape.page_size : 32), 1, 1};
+  cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType dtype = k.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult res = encode(map, dtype, 4, base, dims, strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS) {
+    return invalid("k_cache: the TMA tensor map could not be encoded (CUresult ", static_cast<int>(res),
+                   ") for shape ", k.shape_string(), " and strides ", strides_string(k));
+  }
+  return Status::Ok();
+}
+
+cudaError_t launch_kernel(DType dtype, int64_t d_qk, const DenseDecodeParams& params,
+                          int m_blocks, int h_kv, int parts, cudaStream_t stream) {
+  if (dtype == DType::kBF16) {
+    return d_qk == 576 ? launch_dense_decode_kernel<cute::bfloat16_t, 576>(params, m_blocks, h_kv, parts, stream)
+                       : launch_dense_decode_kernel<cute::bfloat16_t, 512>(params, m_blocks, h_kv, parts, stream);
+  }
+  return d_qk == 576 ? launch_dense_decode_kernel<cute::half_t, 576>(params, m_blocks, h_kv, parts, stream)
+                     : launch_dense_decode_kernel<cute::half_t, 512>(params, m_blocks, h_kv, parts, stream);
+}
+
+int device_sm_count(int device) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  return sms;
+}
+
+}  // namespace
+
+DenseDecodeTuning& dense_decode_tuning() {
+  static DenseDecodeTuning tuning;
+  return tuning;
+}
+
+size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int d_v, int num_sm_parts) {
+  return workspace_layout(batch, s_q, h_q, d_v, num_sm_parts).total;
+}
+
+size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int h_kv,
+                                   int d_v) {
+  const int sms = device_sm_count(device_index);
+  if (sms == 0 || h_kv < 1) return 0;
+  const int parts = decode_sm_parts_for(sms, s_q, h_q, h_kv);
+  return dense_decode_workspace_bytes(batch, s_q, h_q, d_v, parts);
+}
+
+Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
+                    cudaStream_t stream) {
+  if (shape.batch == 0) return Status::Ok();
+  const int device = shape.device.index;
+  int major = 0, minor = 0;
+  OPENMLA_RETURN_IF_ERROR(cuda_error(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "device query"));
+  OPENMLA_RETURN_IF_ERROR(cuda_error(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "device query"));
+  if (major != 9 || minor != 0) {
+    return not_implemented("no kernel for sm_", major, minor,
+                           " (the dense decode kernels are built for sm_90a, Hopper)");
+  }
+  const int64_t page_size = shape.page_size;
+  if (!(page_size == 8 || page_size == 16 || page_size == 32 ||
+        (page_size % 64 == 0 && page_size <= (int64_t{1} << 30)))) {
+    return not_implemented("k_cache: page_size ", page_size,
+                           " is not supported by the SM90 kernel (supported: 8, 16, 32 and "
+                           "multiples of 64)");
+  }
+  if (!strides_aligned(args.k_cache, 8)) {
+    return invalid("k_cache: strides must be multiples of 16 bytes (8 elements) and the data "
+                   "16-byte aligned for TMA; got strides ", strides_string(args.k_cache),
+                   " (elements of 2 bytes)");
+  }
+  if (!strides_aligned(args.q, 8)) {
+    return invalid("q: strides must be multiples of 8 elements and the data 16-byte aligned; got "
+                   "strides ", strides_string(args.q));
+  }
+  if (!strides_aligned(args.out, 2)) {
+    return invalid("out: strides must be multiples of 2 elements and the data 4-byte aligned; got "
+                   "strides ", strides_string(args.out));
+  }
+  if (shape.batch > 65535) return not_implemented("batch ", shape.batch, " > 65535");
+  if (shape.max_blocks * page_size > INT32_MAX) {
+    return not_implemented("block_table: max_blocks * page_size above 2^31 keys");
+  }
+  const int sms = device_sm_count(device);
+  if (sms == 0) return Status::CudaError("dense_decode: could not read the device's SM count");
+
+  const bool plan_here = !args.schedule.metadata.defined();
+  const int parts = plan_here ? decode_sm_parts_for(sms, static_cast<int>(shape.s_q),
+                                                    static_cast<int>(shape.h_q),
+                                                    static_cast<int>(shape.h_kv))
+                              : static_cast<int>(args.schedule.metadata.shape[0]);
+  if (parts < 1) return invalid("schedule.metadata: expected at least one row");
+  if (plan_here && parts > kMaxPlannerSmParts) {
+    return not_implemented("num_sm_parts ", parts, " above the GPU planner's ", kMaxPlannerSmParts);
+  }
+  const WorkspaceLayout layout = workspace_layout(shape.batch, shape.s_q, shape.h_q, shape.d_v, parts);
+  if (args.workspace.bytes < layout.total || args.workspace.data == nullptr ||
+      reinterpret_cast<uintptr_t>(args.workspace.data) % 16 != 0) {
+    return invalid("workspace: expected at least ", layout.total,
+                   " bytes, 16-byte aligned (dense_decode_workspace_size, for ", parts,
+                   " schedule workers), got ", args.workspace.bytes, " bytes at ",
+                   args.workspace.data);
+  }
+  char* ws = static_cast<char*>(args.workspace.data);
+
+  DenseDecodeParams params = {};
+  if (plan_here) {
+    DecodeSchedulePlan plan;
+    plan.seqlens = args.cache_seqlens.data_as<const int32_t>();
+    plan.seqlens_stride = args.cache_seqlens.strides[0];
+    plan.batch = static_cast<int>(shape.batch);
+    plan.num_sm_parts = parts;
+    plan.block_tokens = kBlockTokens;
+    plan.split_overhead_blocks = core::kScheduleSplitOverheadBlocks;
+    plan.metadata = reinterpret_cast<int32_t*>(ws + layout.metadata);
+    plan.metadata_stride_part = kScheduleMetadataInts;
+    plan.metadata_stride_field = 1;
+    plan.num_splits = reinterpret_cast<int32_t*>(ws + layout.num_splits);
+    plan.num_splits_stride = 1;
+    OPENMLA_RETURN_IF_ERROR(cuda_error(launch_plan_decode_schedule(plan, stream), "schedule launch"));
+    params.metadata = plan.metadata;
+    params.metadata_stride_part = kScheduleMetadataInts;
+    params.metadata_stride_field = 1;
+    params.num_splits = plan.num_splits;
+    params.num_splits_stride = 1;
+  } else {
+    params.metadata = args.schedule.metadata.data_as<const int32_t>();
+    params.metadata_stride_part = args.schedule.metadata.strides[0];
+    params.metadata_stride_field = args.schedule.metadata.strides[1];
+    params.num_splits = args.schedule.num_splits.data_as<const int32_t>();
+    params.num_splits_stride = args.schedule.num_splits.strides[0];
+  }
+
+  OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, &params.tma_k));
+  params.q = args.q.data;
+  params.q_stride_b = args.q.strides[0];
+  params.q_stride_s = args.q.strides[1];
+  params.q_stride_h = args.q.strides[2];
+  params.out = args.out.data;
+  params.out_stride_b = args.out.strides[0];
+  params.out_stride_s = args.out.strides[1];
+  params.out_stride_h = args.out.strides[2];
+  params.lse = args.lse.data_as<float>();
+  params.lse_stride_b = args.lse.strides[0];
+  params.lse_stride_h = args.lse.strides[1];
+  params.lse_stride_s = args.lse.strides[2];
+  params.block_table = args.block_table.data_as<const int32_t>();
+  params.block_table_stride_b = args.block_table.strides[0];
+  params.block_table_stride_n = args.block_table.strides[1];
+  params.seqlens = args.cache_seqlens.data_as<const int32_t>();
+  params.seqlens_stride = args.cache_seqlens.strides[0];
+  params.lse_accum = reinterpret_cast<float*>(ws + layout.lse_accum);
+  params.o_accum = reinterpret_cast<float*>(ws + layout.o_accum);
+  params.batch = static_cast<int>(shape.batch);
+  params.s_q = static_cast<int>(shape.s_q);
+  params.h_q = static_cast<int>(shape.h_q);
+  params.h_kv = static_cast<int>(shape.h_kv);
+  params.group = static_cast<int>(shape.h_q / shape.h_kv);
+  params.rows = params.s_q * params.group;
+  params.page_size = static_cast<int>(page_size);
+  params.capacity = shape.num_blocks > 0 && args.k_cache.data != nullptr
+                        ? shape.max_blocks * page_size : 0;
+  params.scale = shape.softmax_scale;
+  params.scale_log2 = shape.softmax_scale * static_cast<float>(M_LOG2E);
+  params.causal = args.causal ? 1 : 0;
+  const int m_blocks = (params.rows + 63) / 64;
+  // One CTA per kv block read: evict it from L2 first. Several m-blocks share each tile.
+  const DenseDecodeTuning& tuning = dense_decode_tuning();
+  const bool evict_first = tuning.evict_first >= 0 ? tuning.evict_first == 1 : m_blocks == 1;
+  params.cache_hint = evict_first ? 0x12F0000000000000ull : 0x1000000000000000ull;
+  params.l2_prefetch_tiles = tuning.l2_prefetch_tiles > 0 ? tuning.l2_prefetch_tiles : 0;
+
+  OPENMLA_RETURN_IF_ERROR(cuda_error(
+      launch_kernel(args.q.dtype, shape.d_qk, params, m_blocks, params.h_kv, parts, stream),
+      "kernel launch"));
+
+  DecodeCombineParams combine;
+  combine.lse_accum = params.lse_accum;
+  combine.o_accum = params.o_accum;
+  combine.num_splits = params.num_splits;
+  combine.num_splits_stride = params.num_splits_stride;
+  combine.out = params.out;
+  combine.out_stride_b = params.out_stride_b;
+  combine.out_stride_s = params.out_stride_s;
+  combine.out_stride_h = params.out_stride_h;
+  combine.lse = params.lse;
+  combine.lse_stride_b = params.lse_stride_b;
+  combine.lse_stride_h = params.lse_stride_h;
+  combine.lse_stride_s = params.lse_stride_s;
+  combine.batch = params.batch;
+  combine.s_q = params.s_q;
+  combine.h_q = params.h_q;
+  const int64_t total_rows = shape.batch * shape.s_q * shape.h_q;
+  int64_t rows_per_block = total_rows / 1024;  // about 8 blocks per SM
+  if (rows_per_block < 1) rows_per_block = 1;
+  if (rows_per_block > shape.s_q * shape.h_q) rows_per_block = shape.s_q * shape.h_q;
+  combine.rows_per_block = static_cast<int>(rows_per_block);
+  combine.max_splits = parts;
+  return cuda_error(launch_decode_combine(combine, args.q.dtype, stream), "combine launch");
+}
+
+}  // namespace openmla::cuda::sm90

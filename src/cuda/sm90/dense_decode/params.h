@@ -1,0 +1,47 @@
+// The one door into the SM90 dense decode kernel: plain pointers, strides (in elements) and
+// sizes, filled by launch.cu from validated DenseDecodeArgs.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace openmla::cuda::sm90 {
+
+struct DenseDecodeParams {
+  // The paged cache as a 4-D TMA tensor map (dims, token-in-page, kv head, block), box 64 dims x
+  // min(page_size, 32) tokens, 128 B swizzle (first member: CUtensorMap is over-aligned).
+  CUtensorMap tma_k;
+
+  const void* q;  // [b, s_q, h_q, d_qk]
+  int64_t q_stride_b, q_stride_s, q_stride_h;
+  void* out;  // [b, s_q, h_q, 512]
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;  // [b, h_q, s_q]
+  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+  const int32_t* block_table;  // [b, max_blocks]
+  int64_t block_table_stride_b, block_table_stride_n;
+  const int32_t* seqlens;  // [b]
+  int64_t seqlens_stride;
+  const int32_t* metadata;  // [num_sm_parts, 8]
+  int64_t metadata_stride_part, metadata_stride_field;
+  const int32_t* num_splits;  // [b + 1]
+  int64_t num_splits_stride;
+  // Split partials (fp32) of requests with more than one split, indexed by global split:
+  // lse_accum [splits, s_q, h_q] (-inf: the split saw no key), o_accum [splits, s_q, h_q, 512].
+  float* lse_accum;
+  float* o_accum;
+
+  int batch, s_q, h_q, h_kv;
+  int group;         // h_q / h_kv: query heads per kv head (consecutive)
+  int rows;          // s_q * group: query rows per (request, kv head)
+  int page_size;
+  int64_t capacity;  // max_blocks * page_size (0 with an empty cache): keys beyond are never read
+  float scale;       // softmax scale
+  float scale_log2;  // scale * log2(e)
+  int causal;
+  uint64_t cache_hint;    // L2 hint of the KV loads
+  int l2_prefetch_tiles;  // the producer prefetches tiles this far ahead into L2 (0: none)
+};
+
+}  // namespace openmla::cuda::sm90

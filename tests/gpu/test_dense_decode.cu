@@ -1,0 +1,508 @@
+// Dense decode on the GPU (src/cuda/sm90/dense_decode) against the CPU backend: the same public
+// openmla::dense_decode call on host copies of the same tensors is the reference. Fresh random
+// data per case, every cache slot a request does not own NaN (the tails of partly used pages
+// too), block tables permuted, q / k_cache / out / lse strided with gaps, outputs and workspace
+// poisoned before the launch, gaps checked untouched afterwards.
+//
+// Also: the GPU split-KV planner against core::plan_decode_schedule_host (bit for bit), explicit
+// schedules with few workers (several requests per CTA, requests split across CTAs), CUDA-graph
+// capture and replay of schedule + decode for two layers, and the launcher's argument errors.
+// Cases named *Small* are the ones compute-sanitizer runs (tools/device_check.sh).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/test_data.h"
+#include "core/schedule.h"
+#include "cuda/sm90/dense_decode/launch.h"
+#include "gpu/gpu_test_util.h"
+#include "openmla/ops.h"
+
+namespace openmla::testing {
+namespace {
+
+constexpr int kDimV = 512;
+
+struct DecodeCase {
+  DType dtype = DType::kBF16;
+  int d_qk = 576;
+  int s_q = 1, h_q = 16, h_kv = 1, page_size = 64;
+  std::vector<int> seqlens = {100};
+  bool causal = false;
+  bool strided = true;    // q, k_cache, out, lse with padded strides (gaps)
+  int num_sm_parts = 0;   // > 0: an explicit GPU-planned schedule with that many workers
+  uint64_t seed = 1;
+};
+
+std::string describe(const DecodeCase& c) {
+  std::string s = std::string(dtype_name(c.dtype)) + " d" + std::to_string(c.d_qk) + " s_q " +
+                  std::to_string(c.s_q) + " h_q " + std::to_string(c.h_q) + " h_kv " +
+                  std::to_string(c.h_kv) + " page " + std::to_string(c.page_size) +
+                  (c.causal ? " causal" : "") + " parts " + std::to_string(c.num_sm_parts) +
+                  " seqlens [";
+  for (size_t i = 0; i < c.seqlens.size() && i < 8; ++i) {
+    if (i > 0) s += ",";
+    s += std::to_string(c.seqlens[i]);
+  }
+  if (c.seqlens.size() > 8) s += ",...(" + std::to_string(c.seqlens.size()) + ")";
+  return s + "]";
+}
+
+// Host-side inputs of one case and the CPU reference outputs.
+struct HostProblem {
+  HostTensor q, k_cache, block_table, seqlens, out_ref, lse_ref;
+  int64_t batch = 0;
+};
+
+HostProblem make_problem(const DecodeCase& c, Rng& rng) {
+  HostProblem p;
+  const int64_t b = static_cast<int64_t>(c.seqlens.size());
+  p.batch = b;
+  const int64_t d = c.d_qk, ps = c.page_size, hkv = c.h_kv;
+  const int64_t pad = c.strided ? 64 : 0;  // elements, keeps 16-byte multiples
+
+  // Pages: each request gets ceil(L / page) physical blocks from a shuffled pool with spares.
+  std::vector<int64_t> need(b);
+  int64_t total = 0, max_need = 1;
+  for (int64_t i = 0; i < b; ++i) {
+    need[i] = (c.seqlens[i] + ps - 1) / ps;
+    total += need[i];
+    max_need = std::max(max_need, need[i]);
+  }
+  const int64_t num_blocks = total + 3;
+  const int64_t max_blocks = max_need + 1;
+  const std::vector<int32_t> pool = random_permutation(num_blocks, rng);
+
+  p.seqlens = HostTensor(DType::kInt32, {b});
+  p.block_table = HostTensor(DType::kInt32, {b, max_blocks});
+  p.block_table.poison(-1);
+  int64_t next = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    p.seqlens.set({i}, c.seqlens[i]);
+    for (int64_t j = 0; j < need[i]; ++j) p.block_table.set({i, j}, pool[next++]);
+  }
+
+  const int64_t head_stride = d + pad, page_stride = hkv * head_stride + pad;
+  const int64_t block_stride = ps * page_stride + pad;
+  p.k_cache = HostTensor(c.dtype, {num_blocks, ps, hkv, d},
+                         {block_stride, page_stride, head_stride, 1});
+  p.k_cache.poison();  // unused slots (and gaps) stay NaN
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t t = 0; t < c.seqlens[i]; ++t) {
+      const int64_t block = static_cast<int64_t>(p.block_table.get({i, t / ps}));
+      for (int64_t g = 0; g < hkv; ++g) {
+        for (int64_t e = 0; e < d; ++e) p.k_cache.set({block, t % ps, g, e}, rng.normal());
+      }
+    }
+  }
+
+  const int64_t hq = c.h_q, sq = c.s_q;
+  const int64_t q_head = d + pad, q_seq = hq * q_head + pad, q_batch = sq * q_seq + pad;
+  p.q = HostTensor(c.dtype, {b, sq, hq, d}, {q_batch, q_seq, q_head, 1});
+  p.q.poison();
+  p.q.fill_normal(rng);
+
+  p.out_ref = HostTensor(c.dtype, {b, sq, hq, kDimV});
+  p.lse_ref = HostTensor(DType::kFP32, {b, hq, sq});
+  return p;
+}
+
+DenseDecodeArgs args_of(const TensorView& q, const TensorView& k, const TensorView& table,
+                        const TensorView& seqlens, const TensorView& out, const TensorView& lse,
+                        bool causal) {
+  DenseDecodeArgs a;
+  a.q = q, a.k_cache = k, a.block_table = table, a.cache_seqlens = seqlens;
+  a.out = out, a.lse = lse, a.causal = causal;
+  return a;
+}
+
+void run_reference(HostProblem* p, bool causal) {
+  const DenseDecodeArgs a = args_of(p->q.view(), p->k_cache.view(), p->block_table.view(),
+                                    p->seqlens.view(), p->out_ref.view(), p->lse_ref.view(), causal);
+  const Status st = dense_decode(a);
+  ASSERT_TRUE(st.ok()) << "CPU reference: " << st.message();
+}
+
+// Output tensors for the GPU: strided (gaps) when asked.
+HostTensor make_out(const DecodeCase& c, int64_t b) {
+  if (!c.strided) return HostTensor(c.dtype, {b, c.s_q, c.h_q, kDimV});
+  const int64_t head = kDimV + 32, seq = c.h_q * head + 32, batch = c.s_q * seq + 32;
+  return HostTensor(c.dtype, {b, c.s_q, c.h_q, kDimV}, {batch, seq, head, 1});
+}
+HostTensor make_lse(const DecodeCase& c, int64_t b) {
+  if (!c.strided) return HostTensor(DType::kFP32, {b, c.h_q, c.s_q});
+  const int64_t head = c.s_q + 3, batch = c.h_q * head + 5;
+  return HostTensor(DType::kFP32, {b, c.h_q, c.s_q}, {batch, head, 1});
+}
+
+struct Errors {
+  double out = 0, lse = 0;
+  int64_t out_gaps = 0, lse_gaps = 0;
+};
+
+Errors compare(const HostProblem& p, const HostTensor& out, const HostTensor& lse) {
+  Errors e;
+  e.out = relative_l2_error(out.values(), p.out_ref.values());
+  e.lse = max_lse_error(lse.values(), p.lse_ref.values());
+  e.out_gaps = count_written_gaps(out);
+  e.lse_gaps = count_written_gaps(lse);
+  return e;
+}
+
+void expect_close(const Errors& e, const std::string& what) {
+  EXPECT_LT(e.out, 1e-2) << what;  // NaN fails too
+  EXPECT_LT(e.lse, 1e-3) << what;
+  EXPECT_EQ(e.out_gaps, 0) << what << ": out written outside its view";
+  EXPECT_EQ(e.lse_gaps, 0) << what << ": lse written outside its view";
+  if (verbose()) std::printf("  %s: out rel err %.3g, lse err %.3g\n", what.c_str(), e.out, e.lse);
+}
+
+// A GPU-planned schedule of `parts` workers for device seqlens.
+struct DeviceSchedule {
+  DeviceBuffer metadata, num_splits;
+  DecodeSchedule view;
+};
+DeviceSchedule plan_on_gpu(const TensorView& seqlens, int64_t batch, int parts, const DecodeCase& c,
+                           cudaStream_t stream) {
+  DeviceSchedule s;
+  s.metadata = DeviceBuffer(sizeof(int32_t) * parts * kScheduleMetadataInts);
+  s.num_splits = DeviceBuffer(sizeof(int32_t) * (batch + 1));
+  s.metadata.poison();
+  s.num_splits.poison();
+  s.view.metadata = TensorView::contiguous(s.metadata.data(), DType::kInt32,
+                                           {parts, kScheduleMetadataInts}, Device::cuda(0));
+  s.view.num_splits = TensorView::contiguous(s.num_splits.data(), DType::kInt32, {batch + 1},
+                                             Device::cuda(0));
+  DecodeScheduleArgs a;
+  a.seqlens = seqlens;
+  a.s_q = c.s_q, a.h_q = c.h_q, a.h_kv = c.h_kv;
+  a.num_sm_parts = parts;
+  a.block_tokens = 64;
+  a.metadata = s.view.metadata;
+  a.num_splits = s.view.num_splits;
+  const Status st = plan_decode_schedule(a, stream);
+  if (!st.ok()) throw std::runtime_error("plan_decode_schedule: " + st.message());
+  return s;
+}
+
+size_t workspace_bytes(const DecodeCase& c, int64_t batch) {
+  const size_t by_device = dense_decode_workspace_size(Device::cuda(0), static_cast<int>(batch),
+                                                       c.s_q, c.h_q, c.h_kv, kDimV);
+  if (c.num_sm_parts <= 0) return by_device;
+  return std::max(by_device, cuda::sm90::dense_decode_workspace_bytes(
+                                 static_cast<int>(batch), c.s_q, c.h_q, kDimV, c.num_sm_parts));
+}
+
+void run_case(const DecodeCase& c) {
+  SCOPED_TRACE(describe(c));
+  Rng rng(c.seed);
+  HostProblem p = make_problem(c, rng);
+  run_reference(&p, c.causal);
+  const int64_t b = p.batch;
+
+  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache);
+  DeviceTensor table = to_device(p.block_table), seqlens = to_device(p.seqlens);
+  HostTensor out = make_out(c, b), lse = make_lse(c, b);
+  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
+  DeviceBuffer workspace(workspace_bytes(c, b));
+  workspace.poison();
+
+  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
+                              c.causal);
+  a.workspace = {workspace.data(), workspace.bytes()};
+  DeviceSchedule schedule;
+  if (c.num_sm_parts > 0) {
+    schedule = plan_on_gpu(seqlens.view, b, c.num_sm_parts, c, nullptr);
+    a.schedule = schedule.view;
+  }
+  const Status st = dense_decode(a);
+  ASSERT_TRUE(st.ok()) << st.message();
+  check_cuda(cudaGetLastError(), "dense_decode launch");
+  synchronize();
+  copy_to_host(out_d, &out);
+  copy_to_host(lse_d, &lse);
+  expect_close(compare(p, out, lse), describe(c));
+}
+
+// --- small cases (also run under compute-sanitizer) -------------------------------------------
+TEST(DenseDecodeSmall, OneRequest) { run_case({.seqlens = {37}}); }
+TEST(DenseDecodeSmall, VarlenWithEmpty) {
+  run_case({.h_q = 8, .seqlens = {0, 130, 1, 64}, .seed = 2});
+}
+TEST(DenseDecodeSmall, CausalPage16) {
+  run_case({.s_q = 2, .h_q = 4, .page_size = 16, .seqlens = {1, 45, 80}, .causal = true, .seed = 3});
+}
+TEST(DenseDecodeSmall, Fp16D512SplitAcrossWorkers) {
+  run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 16, .seqlens = {300, 5, 200},
+            .num_sm_parts = 3, .seed = 4});
+}
+
+// --- dtype x head dim ---------------------------------------------------------------------------
+TEST(DenseDecode, DtypesAndHeadDims) {
+  int seed = 10;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {576, 512}) {
+      run_case({.dtype = dtype, .d_qk = d, .h_q = 32, .seqlens = {513, 64, 1000, 7},
+                .seed = static_cast<uint64_t>(seed++)});
+      run_case({.dtype = dtype, .d_qk = d, .s_q = 2, .h_q = 128, .seqlens = {700, 129},
+                .causal = true, .seed = static_cast<uint64_t>(seed++)});
+    }
+  }
+}
+
+// --- page sizes -----------------------------------------------------------------------------
+TEST(DenseDecode, PageSizes) {
+  int seed = 20;
+  for (int page : {16, 32, 64, 128, 256}) {
+    run_case({.h_q = 16, .page_size = page, .seqlens = {1, 255, 256, 257, 900, 0, 63},
+              .seed = static_cast<uint64_t>(seed++)});
+    run_case({.dtype = DType::kFP16, .s_q = 3, .h_q = 64, .page_size = page,
+              .seqlens = {333, 70}, .causal = true, .seed = static_cast<uint64_t>(seed++)});
+  }
+}
+
+// --- heads: h_q 1..128 with h_kv 1, and grouped kv heads --------------------------------------
+TEST(DenseDecode, HeadCounts) {
+  int seed = 40;
+  for (int h_q : {1, 2, 3, 8, 16, 24, 32, 48, 64, 100, 128}) {
+    run_case({.h_q = h_q, .seqlens = {400, 77}, .seed = static_cast<uint64_t>(seed++)});
+  }
+}
+
+TEST(DenseDecode, GroupedKvHeads) {
+  run_case({.h_q = 16, .h_kv = 2, .seqlens = {300, 65}, .seed = 60});
+  run_case({.s_q = 2, .h_q = 128, .h_kv = 4, .seqlens = {200, 500}, .causal = true, .seed = 61});
+  run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 8, .h_kv = 8, .page_size = 32,
+            .seqlens = {99, 0, 150}, .seed = 62});
+}
+
+// --- query tokens, causal and not ------------------------------------------------------------
+TEST(DenseDecode, QueryTokensCausal) {
+  int seed = 70;
+  for (int s_q : {1, 2, 3, 4, 5, 8}) {
+    for (bool causal : {false, true}) {
+      // L < s_q gives lonely queries (out 0, lse +inf) when causal.
+      run_case({.s_q = s_q, .h_q = 16, .seqlens = {s_q > 1 ? s_q - 1 : 0, 64 + s_q, 190},
+                .causal = causal, .seed = static_cast<uint64_t>(seed++)});
+    }
+  }
+  run_case({.s_q = 8, .h_q = 128, .seqlens = {260, 3}, .causal = true, .seed = 90});
+  run_case({.s_q = 4, .h_q = 100, .seqlens = {129, 4}, .causal = true, .seed = 91});
+}
+
+// --- lengths: zeros, a batch padded with empty requests, a long sequence ------------------------
+TEST(DenseDecode, PaddedBatchOfEmptyRequests) {
+  run_case({.h_q = 32, .seqlens = {0, 0, 0, 0}, .seed = 100});
+  run_case({.h_q = 64, .seqlens = {0, 500, 0, 0, 1, 64, 0, 0, 0, 0, 0, 0}, .seed = 101});
+  run_case({.s_q = 2, .h_q = 16, .seqlens = {1000, 0, 0, 0, 0, 0, 0, 0}, .causal = true,
+            .seed = 102});
+}
+
+TEST(DenseDecode, LongSequence) {
+  run_case({.h_q = 16, .seqlens = {70001}, .seed = 110});
+  run_case({.s_q = 2, .h_q = 32, .page_size = 128, .seqlens = {66000, 12}, .causal = true,
+            .seed = 111});
+}
+
+TEST(DenseDecode, ManyRequestsUnstrided) {
+  Rng rng(120);
+  std::vector<int> lens(160);
+  for (int& l : lens) l = static_cast<int>(rng.randint(0, 700));
+  run_case({.h_q = 16, .seqlens = lens, .strided = false, .seed = 121});
+}
+
+// Few workers: every CTA walks several requests, requests split across workers and combined.
+TEST(DenseDecode, ExplicitScheduleFewWorkers) {
+  int seed = 130;
+  for (int parts : {1, 2, 5, 17}) {
+    run_case({.h_q = 16, .seqlens = {0, 900, 33, 0, 1200, 64, 5}, .num_sm_parts = parts,
+              .seed = static_cast<uint64_t>(seed++)});
+    run_case({.s_q = 2, .h_q = 128, .page_size = 32, .seqlens = {0, 300, 129, 700},
+              .causal = true, .num_sm_parts = parts, .seed = static_cast<uint64_t>(seed++)});
+  }
+}
+
+// --- the GPU planner, bit for bit ---------------------------------------------------------------
+TEST(DenseDecodeSchedule, GpuPlannerMatchesHost) {
+  Rng rng(140);
+  std::vector<std::vector<int>> sets = {{0}, {5}, {131072}, {0, 0, 0}, {64, 64, 64, 64}};
+  for (int n : {7, 128, 300, 1500}) {
+    std::vector<int> lens(n);
+    for (int& l : lens) l = static_cast<int>(rng.randint(0, rng.coin(0.1) ? 100000 : 5000));
+    sets.push_back(lens);
+  }
+  for (const auto& lens : sets) {
+    for (int parts : {1, 3, 66, 132, 200}) {
+      for (int block_tokens : {64, 16}) {
+        const int batch = static_cast<int>(lens.size());
+        std::vector<int32_t> host_meta(parts * kScheduleMetadataInts), host_splits(batch + 1);
+        core::plan_decode_schedule_host(lens.data(), batch, parts, block_tokens,
+                                        core::kScheduleSplitOverheadBlocks, host_meta.data(),
+                                        host_splits.data());
+        DeviceBuffer seq = to_device(std::vector<int32_t>(lens.begin(), lens.end()));
+        DeviceSchedule s;
+        {
+          DecodeScheduleArgs a;
+          s.metadata = DeviceBuffer(sizeof(int32_t) * parts * kScheduleMetadataInts);
+          s.num_splits = DeviceBuffer(sizeof(int32_t) * (batch + 1));
+          s.metadata.poison();
+          s.num_splits.poison();
+          a.seqlens = TensorView::contiguous(seq.data(), DType::kInt32, {batch}, Device::cuda(0));
+          a.metadata = TensorView::contiguous(s.metadata.data(), DType::kInt32,
+                                              {parts, kScheduleMetadataInts}, Device::cuda(0));
+          a.num_splits = TensorView::contiguous(s.num_splits.data(), DType::kInt32, {batch + 1},
+                                                Device::cuda(0));
+          a.block_tokens = block_tokens;
+          const Status st = plan_decode_schedule(a);
+          ASSERT_TRUE(st.ok()) << st.message();
+        }
+        synchronize();
+        EXPECT_EQ(to_host<int32_t>(s.metadata, host_meta.size()), host_meta)
+            << "batch " << batch << " parts " << parts << " block_tokens " << block_tokens;
+        EXPECT_EQ(to_host<int32_t>(s.num_splits, host_splits.size()), host_splits)
+            << "batch " << batch << " parts " << parts << " block_tokens " << block_tokens;
+      }
+    }
+  }
+}
+
+// --- CUDA graph: schedule + decode for two layers, captured once, replayed ---------------------
+TEST(DenseDecodeGraph, ScheduleAndTwoLayersReplayed) {
+  const DecodeCase c{.s_q = 2, .h_q = 64, .page_size = 64,
+                     .seqlens = {0, 1500, 77, 4000, 1, 640}, .causal = true, .seed = 150};
+  Rng rng(c.seed);
+  HostProblem layer[2] = {make_problem(c, rng), make_problem(c, rng)};
+  // Layer 1 reads the same lengths with its own cache and block table (make_problem drew both).
+  const int64_t b = layer[0].batch;
+  DeviceTensor seqlens = to_device(layer[0].seqlens);
+  DeviceTensor q[2] = {to_device(layer[0].q), to_device(layer[1].q)};
+  DeviceTensor k[2] = {to_device(layer[0].k_cache), to_device(layer[1].k_cache)};
+  DeviceTensor table[2] = {to_device(layer[0].block_table), to_device(layer[1].block_table)};
+  HostTensor out[2] = {make_out(c, b), make_out(c, b)}, lse[2] = {make_lse(c, b), make_lse(c, b)};
+  DeviceTensor out_d[2] = {poisoned_like(out[0]), poisoned_like(out[1])};
+  DeviceTensor lse_d[2] = {poisoned_like(lse[0]), poisoned_like(lse[1])};
+  int parts = 0;
+  ASSERT_TRUE(decode_num_sm_parts(Device::cuda(0), c.s_q, c.h_q, c.h_kv, &parts).ok());
+  DeviceBuffer workspace(dense_decode_workspace_size(Device::cuda(0), static_cast<int>(b), c.s_q,
+                                                     c.h_q, c.h_kv, kDimV));
+  workspace.poison();
+
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  DeviceSchedule schedule;
+  schedule.metadata = DeviceBuffer(sizeof(int32_t) * parts * kScheduleMetadataInts);
+  schedule.num_splits = DeviceBuffer(sizeof(int32_t) * (b + 1));
+  schedule.view.metadata = TensorView::contiguous(schedule.metadata.data(), DType::kInt32,
+                                                  {parts, kScheduleMetadataInts}, Device::cuda(0));
+  schedule.view.num_splits = TensorView::contiguous(schedule.num_splits.data(), DType::kInt32,
+                                                    {b + 1}, Device::cuda(0));
+  cudaGraph_t graph;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  {
+    DecodeScheduleArgs sa;
+    sa.seqlens = seqlens.view;
+    sa.s_q = c.s_q, sa.h_q = c.h_q, sa.h_kv = c.h_kv;
+    sa.metadata = schedule.view.metadata;
+    sa.num_splits = schedule.view.num_splits;
+    const Status st = plan_decode_schedule(sa, stream);
+    EXPECT_TRUE(st.ok()) << st.message();
+    for (int l = 0; l < 2; ++l) {
+      DenseDecodeArgs a = args_of(q[l].view, k[l].view, table[l].view, seqlens.view, out_d[l].view,
+                                  lse_d[l].view, c.causal);
+      a.schedule = schedule.view;
+      a.workspace = {workspace.data(), workspace.bytes()};
+      const Status dst = dense_decode(a, stream);
+      EXPECT_TRUE(dst.ok()) << dst.message();
+    }
+  }
+  check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+
+  for (int replay = 0; replay < 2; ++replay) {
+    if (replay == 1) {
+      // New queries in the same buffers: the replay must compute with them.
+      for (int l = 0; l < 2; ++l) {
+        layer[l].q.fill_normal(rng);
+        q[l].buffer.copy_from_host(layer[l].q.view().data, storage_bytes(layer[l].q));
+        out_d[l].buffer.poison();
+        lse_d[l].buffer.poison();
+      }
+    }
+    for (int l = 0; l < 2; ++l) run_reference(&layer[l], c.causal);
+    check_cuda(cudaGraphLaunch(exec, stream), "graph launch");
+    check_cuda(cudaStreamSynchronize(stream), "sync");
+    for (int l = 0; l < 2; ++l) {
+      copy_to_host(out_d[l], &out[l]);
+      copy_to_host(lse_d[l], &lse[l]);
+      expect_close(compare(layer[l], out[l], lse[l]),
+                   "replay " + std::to_string(replay) + " layer " + std::to_string(l));
+    }
+  }
+  check_cuda(cudaGraphExecDestroy(exec), "exec destroy");
+  check_cuda(cudaGraphDestroy(graph), "graph destroy");
+  check_cuda(cudaStreamDestroy(stream), "stream destroy");
+}
+
+// --- what the launcher refuses ------------------------------------------------------------------
+TEST(DenseDecodeErrors, KCacheStrideNotMultipleOf16Bytes) {
+  const DecodeCase c{.h_q = 16, .seqlens = {10}};
+  Rng rng(160);
+  HostProblem p = make_problem(c, rng);
+  // A page stride of d_qk + 4 elements (8 bytes past a 16-byte multiple).
+  HostTensor k(c.dtype, {p.k_cache.size(0), 64, 1, 576}, {64 * 580, 580, 580, 1});
+  DeviceTensor q = to_device(p.q), kd = to_device(k), table = to_device(p.block_table);
+  DeviceTensor seqlens = to_device(p.seqlens);
+  HostTensor out = make_out(c, 1), lse = make_lse(c, 1);
+  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
+  DeviceBuffer workspace(workspace_bytes(c, 1));
+  DenseDecodeArgs a = args_of(q.view, kd.view, table.view, seqlens.view, out_d.view, lse_d.view,
+                              false);
+  a.workspace = {workspace.data(), workspace.bytes()};
+  const Status st = dense_decode(a);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("k_cache"), std::string::npos) << st.message();
+}
+
+TEST(DenseDecodeErrors, UnsupportedPageSizeIsNotImplemented) {
+  const DecodeCase c{.h_q = 16, .page_size = 48, .seqlens = {100}};
+  Rng rng(161);
+  HostProblem p = make_problem(c, rng);
+  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
+  DeviceTensor seqlens = to_device(p.seqlens);
+  HostTensor out = make_out(c, 1), lse = make_lse(c, 1);
+  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
+  DeviceBuffer workspace(workspace_bytes(c, 1));
+  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
+                              false);
+  a.workspace = {workspace.data(), workspace.bytes()};
+  const Status st = dense_decode(a);
+  EXPECT_EQ(st.code(), StatusCode::kNotImplemented) << st.message();
+  EXPECT_NE(st.message().find("page_size"), std::string::npos) << st.message();
+}
+
+TEST(DenseDecodeErrors, ShortWorkspace) {
+  const DecodeCase c{.h_q = 16, .seqlens = {100, 3}};
+  Rng rng(162);
+  HostProblem p = make_problem(c, rng);
+  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
+  DeviceTensor seqlens = to_device(p.seqlens);
+  HostTensor out = make_out(c, 2), lse = make_lse(c, 2);
+  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
+  DeviceBuffer workspace(64);
+  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
+                              false);
+  a.workspace = {workspace.data(), workspace.bytes()};
+  const Status st = dense_decode(a);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("workspace"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace openmla::testing
