@@ -157,6 +157,28 @@ void print_report(const Report& r) {
               tera ? "TFLOP/s" : "GFLOP/s", r.gbps, r.out_err, r.lse_err);
 }
 
+// Checks every 8th head of one query token against reference_row: q_rows / out_rows point at
+// that token's [h_q, d] bf16 query and [h_q, d_v] bf16 output; lse(h) reads the op's lse.
+void check_heads(const uint16_t* q_rows, const uint16_t* out_rows, const std::function<float(int)>& lse,
+                 const std::vector<const float*>& keys, int h_q, int d, int dv, Report* r) {
+  std::vector<double> ref_all, got_all;
+  double lse_err = 0;
+  for (int h = 0; h < h_q; h += 8) {
+    std::vector<float> qrow(d);
+    for (int c = 0; c < d; ++c) qrow[c] = codec::bf16_to_float(q_rows[size_t(h) * d + c]);
+    std::vector<double> ref(dv);
+    double ref_lse;
+    reference_row(qrow.data(), keys, d, dv, 1.0 / std::sqrt(d), ref.data(), &ref_lse);
+    for (int c = 0; c < dv; ++c) {
+      ref_all.push_back(ref[c]);
+      got_all.push_back(codec::bf16_to_float(out_rows[size_t(h) * dv + c]));
+    }
+    lse_err = std::max(lse_err, std::abs(double(lse(h)) - ref_lse));
+  }
+  r->out_err = rel_error(ref_all, got_all);
+  r->lse_err = lse_err;
+}
+
 // Picks where to run: the GPU when asked for (or auto with a GPU present), else the CPU. When the
 // GPU has no kernel for the op, reruns on the CPU and says so.
 template <typename Setup>
@@ -232,23 +254,7 @@ Report dense_decode_demo(const Options& opt) {
       for (int c = 0; c < d; ++c) keys[t][c] = codec::bf16_to_float(k[base + c]);
       key_ptrs.push_back(keys[t].data());
     }
-    std::vector<double> ref_all, got_all;
-    double lse_err = 0;
-    for (int h = 0; h < h_q; h += 8) {
-      std::vector<float> qrow(d);
-      for (int c = 0; c < d; ++c) qrow[c] = codec::bf16_to_float(q[size_t(h) * d + c]);
-      std::vector<double> ref(dv);
-      double ref_lse;
-      reference_row(qrow.data(), key_ptrs, d, dv, a.softmax_scale > 0 ? a.softmax_scale : 1.0 / std::sqrt(d),
-                    ref.data(), &ref_lse);
-      for (int c = 0; c < dv; ++c) {
-        ref_all.push_back(ref[c]);
-        got_all.push_back(codec::bf16_to_float(out[size_t(h) * dv + c]));
-      }
-      lse_err = std::max(lse_err, std::abs(double(lse[size_t(h) * s_q]) - ref_lse));
-    }
-    r->out_err = rel_error(ref_all, got_all);
-    r->lse_err = lse_err;
+    check_heads(q.data(), out.data(), [&](int h) { return lse[size_t(h) * s_q]; }, key_ptrs, h_q, d, dv, r);
     return Status::Ok();
   });
 }
@@ -314,22 +320,7 @@ Report sparse_decode_demo(const Options& opt) {
       codec::decode_slot(host_cache, indices[t], keys[t].data());
       key_ptrs.push_back(keys[t].data());
     }
-    std::vector<double> ref_all, got_all;
-    double lse_err = 0;
-    for (int h = 0; h < h_q; h += 8) {
-      std::vector<float> qrow(d);
-      for (int c = 0; c < d; ++c) qrow[c] = codec::bf16_to_float(q[size_t(h) * d + c]);
-      std::vector<double> ref(dv);
-      double ref_lse;
-      reference_row(qrow.data(), key_ptrs, d, dv, 1.0 / std::sqrt(d), ref.data(), &ref_lse);
-      for (int c = 0; c < dv; ++c) {
-        ref_all.push_back(ref[c]);
-        got_all.push_back(codec::bf16_to_float(out[size_t(h) * dv + c]));
-      }
-      lse_err = std::max(lse_err, std::abs(double(lse[h]) - ref_lse));
-    }
-    r->out_err = rel_error(ref_all, got_all);
-    r->lse_err = lse_err;
+    check_heads(q.data(), out.data(), [&](int h) { return lse[h]; }, key_ptrs, h_q, d, dv, r);
     return Status::Ok();
   });
 }
@@ -375,8 +366,6 @@ Report sparse_prefill_demo(const Options& opt) {
     std::vector<float> lse(size_t(s_q) * h_q);
     bo.to_host(out.data());
     bl.to_host(lse.data());
-    std::vector<double> ref_all, got_all;
-    double lse_err = 0;
     const int token = s_q - 1;  // the last query token, every 8th head
     std::vector<std::vector<float>> keys(topk, std::vector<float>(d));
     std::vector<const float*> key_ptrs;
@@ -385,20 +374,8 @@ Report sparse_prefill_demo(const Options& opt) {
       for (int c = 0; c < d; ++c) keys[t][c] = codec::bf16_to_float(kv[size_t(src) * d + c]);
       key_ptrs.push_back(keys[t].data());
     }
-    for (int h = 0; h < h_q; h += 8) {
-      std::vector<float> qrow(d);
-      for (int c = 0; c < d; ++c) qrow[c] = codec::bf16_to_float(q[(size_t(token) * h_q + h) * d + c]);
-      std::vector<double> ref(dv);
-      double ref_lse;
-      reference_row(qrow.data(), key_ptrs, d, dv, 1.0 / std::sqrt(d), ref.data(), &ref_lse);
-      for (int c = 0; c < dv; ++c) {
-        ref_all.push_back(ref[c]);
-        got_all.push_back(codec::bf16_to_float(out[(size_t(token) * h_q + h) * dv + c]));
-      }
-      lse_err = std::max(lse_err, std::abs(double(lse[size_t(token) * h_q + h]) - ref_lse));
-    }
-    r->out_err = rel_error(ref_all, got_all);
-    r->lse_err = lse_err;
+    check_heads(q.data() + size_t(token) * h_q * d, out.data() + size_t(token) * h_q * dv,
+                [&](int h) { return lse[size_t(token) * h_q + h]; }, key_ptrs, h_q, d, dv, r);
     return Status::Ok();
   });
 }
