@@ -375,44 +375,38 @@ Status check_slots(const TensorView& t, int64_t n, Device dev, const char* op, c
   OPENMLA_RETURN_IF_ERROR(check_device(t, dev, op, arg));
   return check_dim(t, 0, n, op, arg, "0 (tokens)");
 }
+
+
+// kv_cache_write and kv_cache_gather: a [n, d_qk] row tensor, a cache, and n slots.
+Status validate_token_rows(const char* op, const TensorView& rows, const char* rows_arg,
+                           std::initializer_list<DType> row_dtypes, const KVCache& cache,
+                           const TensorView& slots, const char* slots_arg, KVCacheWriteShape* s) {
+  OPENMLA_RETURN_IF_ERROR(check_required(rows, op, rows_arg));
+  OPENMLA_RETURN_IF_ERROR(check_rank(rows, 2, op, rows_arg));
+  OPENMLA_RETURN_IF_ERROR(check_dtype_one_of(rows, row_dtypes, op, rows_arg));
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(rows, op, rows_arg));
+  const Device dev = rows.device;
+  s->device = dev;
+  s->num_tokens = rows.shape[0];
+  s->d_qk = rows.shape[1];
+  OPENMLA_RETURN_IF_ERROR(check_cache(cache, dev, op, "cache"));
+  const KVFormatInfo info = kv_format_info(cache.layout.format, cache.layout.d_qk);
+  if (info.d_qk != s->d_qk) {
+    return invalid(op, rows_arg, ": expected ", info.d_qk, " dims per token (cache format ",
+                   kv_format_name(info.format), "), got ", s->d_qk);
+  }
+  return check_slots(slots, s->num_tokens, dev, op, slots_arg);
+}
 }  // namespace
 
 Status validate_kv_cache_write(const KVCacheWriteArgs& a, KVCacheWriteShape* s) {
-  const char* op = "kv_cache_write";
-  OPENMLA_RETURN_IF_ERROR(check_required(a.kv, op, "kv"));
-  OPENMLA_RETURN_IF_ERROR(check_rank(a.kv, 2, op, "kv"));
-  OPENMLA_RETURN_IF_ERROR(check_dtype_one_of(a.kv, {DType::kBF16, DType::kFP32}, op, "kv"));
-  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.kv, op, "kv"));
-  const Device dev = a.kv.device;
-  s->device = dev;
-  s->num_tokens = a.kv.shape[0];
-  s->d_qk = a.kv.shape[1];
-  OPENMLA_RETURN_IF_ERROR(check_cache(a.cache, dev, op, "cache"));
-  const KVFormatInfo info = kv_format_info(a.cache.layout.format, a.cache.layout.d_qk);
-  if (info.d_qk != s->d_qk) {
-    return invalid(op, "kv: expected ", info.d_qk, " dims per token (cache format ",
-                   kv_format_name(info.format), "), got ", s->d_qk);
-  }
-  return check_slots(a.slot_mapping, s->num_tokens, dev, op, "slot_mapping");
+  return validate_token_rows("kv_cache_write", a.kv, "kv", {DType::kBF16, DType::kFP32}, a.cache,
+                             a.slot_mapping, "slot_mapping", s);
 }
 
 Status validate_kv_cache_gather(const KVCacheGatherArgs& a, KVCacheWriteShape* s) {
-  const char* op = "kv_cache_gather";
-  OPENMLA_RETURN_IF_ERROR(check_required(a.out, op, "out"));
-  OPENMLA_RETURN_IF_ERROR(check_rank(a.out, 2, op, "out"));
-  OPENMLA_RETURN_IF_ERROR(check_dtype_one_of(a.out, {DType::kFP32, DType::kBF16}, op, "out"));
-  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.out, op, "out"));
-  const Device dev = a.out.device;
-  s->device = dev;
-  s->num_tokens = a.out.shape[0];
-  s->d_qk = a.out.shape[1];
-  OPENMLA_RETURN_IF_ERROR(check_cache(a.cache, dev, op, "cache"));
-  const KVFormatInfo info = kv_format_info(a.cache.layout.format, a.cache.layout.d_qk);
-  if (info.d_qk != s->d_qk) {
-    return invalid(op, "out: expected ", info.d_qk, " dims per token (cache format ",
-                   kv_format_name(info.format), "), got ", s->d_qk);
-  }
-  return check_slots(a.slots, s->num_tokens, dev, op, "slots");
+  return validate_token_rows("kv_cache_gather", a.out, "out", {DType::kFP32, DType::kBF16},
+                             a.cache, a.slots, "slots", s);
 }
 
 // ---------------------------------------------------------------------------------------------
