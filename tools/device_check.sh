@@ -228,11 +228,15 @@ else
     rm -rf "$PKG" && mkdir -p "$PKG/openmla"
     cp "$ROOT"/python/openmla/*.py "$PKG/openmla/" && cp "${ext[0]}" "$PKG/openmla/"
     export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-    run_step "$LOG" "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts="" -rs \
-      -p no:cacheprovider "$ROOT/tests/python"
-    summary="$(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -n 1)"
-    if [[ $STEP_RC -eq 0 ]]; then record pytest PASS "$STEP_SECONDS" "$summary"; else
-      record pytest FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) $summary"; fi
+    # Two runs, GPU tests first, so a crash in one cannot hide the other's results.
+    for marker in gpu "not gpu"; do
+      run_step "$LOG" "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts="" -rs -m "$marker" \
+        -p no:cacheprovider "$ROOT/tests/python"
+      summary="$(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -n 1)"
+      step="pytest_${marker// /_}"
+      if [[ $STEP_RC -eq 0 ]]; then record "$step" PASS "$STEP_SECONDS" "$summary"; else
+        record "$step" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) $summary"; fi
+    done
     run_step "$LOG" 180 python3 "$ROOT/examples/context_parallel_decode.py" --simulate 4
     if [[ $STEP_RC -eq 0 ]]; then record context_par PASS "$STEP_SECONDS" "$(grep -m1 '^simulated' "$LOG" | cut -c1-150)"; else
       record context_par FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi

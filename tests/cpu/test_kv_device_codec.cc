@@ -149,6 +149,23 @@ TEST(KVDeviceCodec, Fp4QuotientWithoutDivisionMatchesDivision) {
       ASSERT_EQ(kc::e2m1_of_quotient(x, bounds), codec::float_to_e2m1(x / scale))
           << "scale code 0x" << std::hex << code << ", x 0x" << u;
     }
+    // The FMA-pipe encoder (NaN-free words): the same inputs, eight at a time, each input in
+    // every nibble position.
+    const kc::Fp4SatBounds sat_bounds = kc::fp4_sat_bounds(bounds);
+    std::vector<float> finite;
+    for (uint32_t u : inputs) {
+      if ((u & 0x7FFFFFFFu) <= 0x7F800000u) finite.push_back(float_of(u));
+    }
+    for (size_t first = 0; first < finite.size(); ++first) {
+      float x[8];
+      uint32_t expected = 0;
+      for (int i = 0; i < 8; ++i) {
+        x[i] = finite[(first + 977 * i) % finite.size()];
+        expected |= uint32_t{codec::float_to_e2m1(x[i] / scale)} << (4 * i);
+      }
+      ASSERT_EQ(kc::fp4_word_no_nan(x, sat_bounds), expected)
+          << "scale code 0x" << std::hex << code << ", x[0] 0x" << bits_of(x[0]);
+    }
   }
 }
 

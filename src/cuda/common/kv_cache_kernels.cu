@@ -378,19 +378,24 @@ __global__ void __launch_bounds__(256) kv_codec_self_check_kernel(unsigned long 
   }
 }
 
-// fp4's division-free element encoder against the division, for scale code blockIdx.y + 1
-// (every positive finite e4m3 code, 0x01..0x7E) and all 2^32 floats. Input recorded as
-// code << 32 | float bits.
+// fp4's division-free element encoders (compares, and the FMA-pipe count) against the division,
+// for scale code blockIdx.y + 1 (every positive finite e4m3 code, 0x01..0x7E) and all 2^32
+// floats. Input recorded as code << 32 | float bits.
 __global__ void __launch_bounds__(256) kv_codec_fp4_check_kernel(unsigned long long* results) {
   namespace kc = kvcodec;
   const uint32_t code = blockIdx.y + 1;
   const float scale = kc::e4m3_to_float_sw(code);
   const kc::Fp4Bounds bounds = kc::fp4_bounds(scale);
+  const kc::Fp4SatBounds sat_bounds = kc::fp4_sat_bounds(bounds);
   const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t u = first; u < (uint64_t{1} << 32); u += step) {
     const float x = __uint_as_float(static_cast<uint32_t>(u));
-    if (kc::e2m1_of_quotient(x, bounds) != kc::float_to_e2m1(__fdiv_rn(x, scale))) {
+    const uint32_t expected = kc::float_to_e2m1(__fdiv_rn(x, scale));
+    // The FMA-pipe encoder's nibble for a non-NaN x (NaN lanes are zeroed before it).
+    const uint32_t sat_code = (kc::e2m1_count_biased(fabsf(x), sat_bounds) & 7u) |
+                              ((static_cast<uint32_t>(u) >> 28) & 8u);
+    if (kc::e2m1_of_quotient(x, bounds) != expected || (x == x && sat_code != expected)) {
       record_mismatch(results, 5, (uint64_t{code} << 32) | u);
     }
   }

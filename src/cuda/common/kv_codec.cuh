@@ -16,7 +16,7 @@
 //    x * 2^-e, which is the same correctly rounded float32 (2^-e is exact for every reachable e,
 //    subnormal results included), so no division per element;
 //  - fp4: scale = e4m3(scale) (>= the code 0x01 = 2^-9); element = e2m1(x / stored scale), the
-//    quotient a float32 division, computed exactly without dividing (e2m1_of_quotient); the
+//    quotient a float32 division, computed exactly without dividing (e2m1_count_biased); the
 //    group scales' divisions use __fdiv_rn (nvcc's default -prec-div is not relied upon);
 //  - e4m3 saturates (inf -> ±448) and NaN -> 0x7F; e2m1 saturates and NaN -> +0 (the hardware
 //    and the toolkit's emulation give +6; codec.h promises +0);
@@ -28,6 +28,7 @@
 //  - products use __fmul_rn so that nvcc's default -fmad=true can never contract them.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -281,6 +282,63 @@ OPENMLA_HD uint32_t e2m1_of_quotient(float x, const Fp4Bounds& b) {
   return (high ? 4u : 0u) | (mid ? 2u : 0u) | (low ? 1u : 0u) | sign;
 }
 
+// fp4 elements on the FMA pipe (the fast path; e2m1_of_quotient's compares and selects all run on
+// the half-rate ALU pipe). With K = 2^40, c_i = sat(fma(|x|, K, -G_i * K)) is exactly [|x| > G_i]
+// for the same bounds G_i: G_i * K is exact (G_i <= 5 * 448, a power-of-two factor), fma rounds
+// the exact K (|x| - G_i) once, so its sign is the comparison's and it is +0 when equal; when
+// |x| > G_i, |x| - G_i >= ulp(G_i) >= 2^-34 (every G_i >= 0.25 * 2^-9 = 2^-11 is normal), so the
+// product is >= 64 and saturates to 1; inf gives +inf -> 1 and NaN gives 0 (sat's NaN rule).
+// The sum of the seven, plus 2^23 (all exact small integers), has the code in its low 3 bits:
+// e2m1_count_biased returns 0x4B000000 + code. The sign is the caller's (no NaN test here).
+struct Fp4SatBounds {
+  float neg_gk[7];
+};
+constexpr float kFp4SatK = 1099511627776.0f;  // 2^40
+OPENMLA_HD Fp4SatBounds fp4_sat_bounds(const Fp4Bounds& b) {
+  Fp4SatBounds s;
+  for (int i = 0; i < 7; ++i) s.neg_gk[i] = -mul_rn(b.g[i], kFp4SatK);
+  return s;
+}
+OPENMLA_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+OPENMLA_HD float fma_sat(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __saturatef(__fmaf_rn(a, b, c));  // FFMA.SAT: NaN -> +0
+#else
+  const float r = std::fma(a, b, c);
+  return r > 0.0f ? (r < 1.0f ? r : 1.0f) : 0.0f;
+#endif
+}
+OPENMLA_HD uint32_t e2m1_count_biased(float abs_x, const Fp4SatBounds& b) {
+  const float c0 = fma_sat(abs_x, kFp4SatK, b.neg_gk[0]);
+  const float c1 = fma_sat(abs_x, kFp4SatK, b.neg_gk[1]);
+  const float c2 = fma_sat(abs_x, kFp4SatK, b.neg_gk[2]);
+  const float c3 = fma_sat(abs_x, kFp4SatK, b.neg_gk[3]);
+  const float c4 = fma_sat(abs_x, kFp4SatK, b.neg_gk[4]);
+  const float c5 = fma_sat(abs_x, kFp4SatK, b.neg_gk[5]);
+  const float c6 = fma_sat(abs_x, kFp4SatK, b.neg_gk[6]);
+  return f2u(add_rn(add_rn(add_rn(c0, c1), add_rn(c2, c3)),
+                    add_rn(add_rn(c4, c5), add_rn(c6, 8388608.0f))));
+}
+// Eight fp4 elements (one data word) for a lane holding no NaN: nibble i = code | sign << 3, built
+// with additions (the nibbles never carry); the 0x4B000000 biases shifted by 4i sum to 0xFB000000
+// mod 2^32, cancelled by the start value.
+OPENMLA_HD uint32_t fp4_word_no_nan(const float* x, const Fp4SatBounds& b) {
+  uint32_t w = 0u - 0xFB000000u;
+  OPENMLA_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t u = f2u(x[i]);
+    w += e2m1_count_biased(u2f(u & 0x7FFFFFFFu), b) << (4 * i);
+    w += (u >> 31) << (4 * i + 3);
+  }
+  return w;
+}
+
 // --- group scales ----------------------------------------------------------------------------
 constexpr float kMinScale = 1e-4f;
 
@@ -516,20 +574,22 @@ OPENMLA_HD void encode_e4m3x16(const float* x, float inv_scale, uint32_t (&w)[4]
     w[k] = lo | (hi << 16);
   }
 }
-OPENMLA_HD float max_ignoring_nan(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return fmaxf(a, b);  // FMNMX: the non-NaN operand
-#else
-  return b > a ? b : a;  // a is never NaN here
-#endif
-}
-// Largest finite |x| (0 if none): a NaN-ignoring max, redone without the infinities in the rare
-// case one was picked.
-OPENMLA_HD float finite_amax16(const float* x) {
-  float amax = 0.0f;
+// The largest |x| bit pattern: an integer max, the float order for non-NaN values; > 0x7F800000
+// exactly when a NaN is there, 0x7F800000 when the largest is an infinity.
+OPENMLA_HD uint32_t max_abs_bits16(const float* x) {
+  uint32_t m = 0;
   OPENMLA_UNROLL
-  for (int i = 0; i < 16; ++i) amax = max_ignoring_nan(amax, abs_f(x[i]));
-  if (f2u(amax) == 0x7F800000u) {
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t a = f2u(x[i]) & 0x7FFFFFFFu;
+    m = a > m ? a : m;
+  }
+  return m;
+}
+// Largest finite |x| (0 if none): the integer max above, redone without the infinities and NaNs
+// in the rare case one was picked.
+OPENMLA_HD float finite_amax16(const float* x) {
+  float amax = u2f(max_abs_bits16(x));
+  if (f2u(amax) >= 0x7F800000u) {
     amax = 0.0f;
     for (int i = 0; i < 16; ++i) {
       const float a = abs_f(x[i]);
@@ -663,10 +723,17 @@ OPENMLA_HD void encode_lane(const TokenPtr& t, int lane, const LaneVals& v, floa
   } else if constexpr (C == Codec::kFP4) {
     const uint32_t scale_code = fp4_scale_code(group_amax);
     const float scale = e4m3_to_float(scale_code);
-    const Fp4Bounds bounds = fp4_bounds(scale);  // e2m1(x / scale) without dividing
-    uint32_t w[2] = {0, 0};
+    // e2m1(x / scale) without dividing, on the FMA pipe. NaN elements encode as +0 (codec.h), so
+    // a lane holding one (the amax's integer max tells, rarely true) zeroes them first.
+    float x[16];
     OPENMLA_UNROLL
-    for (int i = 0; i < 16; ++i) w[i / 8] |= e2m1_of_quotient(v.main[i], bounds) << (4 * (i % 8));
+    for (int i = 0; i < 16; ++i) x[i] = v.main[i];
+    if (detail::max_abs_bits16(x) > 0x7F800000u) {
+      OPENMLA_UNROLL
+      for (int i = 0; i < 16; ++i) x[i] = is_nan(x[i]) ? 0.0f : x[i];
+    }
+    const Fp4SatBounds sat_bounds = fp4_sat_bounds(fp4_bounds(scale));
+    const uint32_t w[2] = {fp4_word_no_nan(x, sat_bounds), fp4_word_no_nan(x + 8, sat_bounds)};
     store_bytes<8>(t.data + 8 * lane, w);
     t.scale[lane] = static_cast<uint8_t>(scale_code);
   }
