@@ -132,6 +132,16 @@ std::string cache_string(const KVCache& cache) {
   return os.str();
 }
 
+// Checks that `device` is an SM90 GPU, makes it current for the call, then runs `launch`.
+template <typename Launch>
+Status on_sm90(const char* op, Device device, Launch&& launch) {
+  int arch = 0;
+  OPENMLA_RETURN_IF_ERROR(require_sm90(op, device, &arch));
+  DeviceGuard guard;
+  OPENMLA_RETURN_IF_ERROR(guard.enter(op, device.index));
+  return launch();
+}
+
 }  // namespace
 
 Status device_arch(int device_index, int* sm_arch) {
@@ -151,12 +161,8 @@ Status decode_num_sm_parts(int device_index, int s_q, int h_q, int h_kv, int* nu
 
 Status plan_decode_schedule(const DecodeScheduleArgs& args, const core::DecodeScheduleShape& shape,
                             Stream stream) {
-  constexpr const char* kOp = "plan_decode_schedule";
-  int arch = 0;
-  OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-  DeviceGuard guard;
-  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
-  return plan_decode_schedule_gpu(args, shape, static_cast<cudaStream_t>(stream));
+  return on_sm90("plan_decode_schedule", shape.device,
+                 [&] { return plan_decode_schedule_gpu(args, shape, static_cast<cudaStream_t>(stream)); });
 }
 
 // Sized by the dense decode family's launcher (schedule + split partials).
@@ -167,12 +173,8 @@ size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q
 
 Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
                     Stream stream) {
-  constexpr const char* kOp = "dense_decode";
-  int arch = 0;
-  OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-  DeviceGuard guard;
-  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
-  return sm90::dense_decode(args, shape, static_cast<cudaStream_t>(stream));
+  return on_sm90("dense_decode", shape.device,
+                 [&] { return sm90::dense_decode(args, shape, static_cast<cudaStream_t>(stream)); });
 }
 
 Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
@@ -241,22 +243,14 @@ Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStat
 
 Status kv_cache_write(const KVCacheWriteArgs& args, const core::KVCacheWriteShape& shape,
                       Stream stream) {
-  constexpr const char* kOp = "kv_cache_write";
-  int arch = 0;
-  OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-  DeviceGuard guard;
-  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
-  return kv_cache_write_launch(args, shape, static_cast<cudaStream_t>(stream));
+  return on_sm90("kv_cache_write", shape.device,
+                 [&] { return kv_cache_write_launch(args, shape, static_cast<cudaStream_t>(stream)); });
 }
 
 Status kv_cache_gather(const KVCacheGatherArgs& args, const core::KVCacheWriteShape& shape,
                        Stream stream) {
-  constexpr const char* kOp = "kv_cache_gather";
-  int arch = 0;
-  OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-  DeviceGuard guard;
-  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
-  return kv_cache_gather_launch(args, shape, static_cast<cudaStream_t>(stream));
+  return on_sm90("kv_cache_gather", shape.device,
+                 [&] { return kv_cache_gather_launch(args, shape, static_cast<cudaStream_t>(stream)); });
 }
 
 }  // namespace openmla::cuda

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "common/test_data.h"
@@ -96,6 +97,20 @@ inline std::vector<std::vector<float>> hard_tokens(int d, Rng& rng) {
   }
   for (int i = 0; i < 20; ++i) tokens.push_back(random_token(rng, d));
   return tokens;
+}
+
+// Every (format, d_qk) a cache can hold: the targets of the write/convert tests.
+struct Target {
+  KVFormat format;
+  int d_qk;
+};
+inline constexpr Target kTargets[] = {{KVFormat::kBF16, 576},    {KVFormat::kFP16, 576},
+                                      {KVFormat::kFP8_V32, 576}, {KVFormat::kBF16, 512},
+                                      {KVFormat::kFP16, 512},    {KVFormat::kFP8_Model1, 512},
+                                      {KVFormat::kFP8_MX, 512},  {KVFormat::kFP4, 512}};
+
+inline std::string target_name(const Target& t) {
+  return std::string(kv_format_name(t.format)) + "/" + std::to_string(t.d_qk);
 }
 
 }  // namespace openmla::testing

@@ -13,25 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "common/kv_test_tokens.h"
 #include "common/test_data.h"
 #include "core/codec.h"
 #include "openmla/openmla.h"
 
 namespace openmla::testing {
 namespace {
-
-struct Target {
-  KVFormat format;
-  int d_qk;
-};
-const Target kTargets[] = {{KVFormat::kBF16, 576},    {KVFormat::kFP16, 576},
-                           {KVFormat::kFP8_V32, 576}, {KVFormat::kBF16, 512},
-                           {KVFormat::kFP16, 512},    {KVFormat::kFP8_Model1, 512},
-                           {KVFormat::kFP8_MX, 512},  {KVFormat::kFP4, 512}};
-
-std::string target_name(const Target& t) {
-  return std::string(kv_format_name(t.format)) + "/" + std::to_string(t.d_qk);
-}
 
 // A source cache: random tokens in most slots, the 0xA5 fill in some, random bytes in block 1.
 HostKVCache make_source(const KVLayout& layout, int64_t num_blocks, Rng& rng) {

@@ -37,19 +37,6 @@
 namespace openmla::testing {
 namespace {
 
-struct Target {
-  KVFormat format;
-  int d_qk;
-};
-const Target kTargets[] = {{KVFormat::kBF16, 576},    {KVFormat::kFP16, 576},
-                           {KVFormat::kFP8_V32, 576}, {KVFormat::kBF16, 512},
-                           {KVFormat::kFP16, 512},    {KVFormat::kFP8_Model1, 512},
-                           {KVFormat::kFP8_MX, 512},  {KVFormat::kFP4, 512}};
-
-std::string target_name(const Target& t) {
-  return std::string(kv_format_name(t.format)) + "/" + std::to_string(t.d_qk);
-}
-
 enum class LayoutKind { kDefault, kInterleaved, kStrided, kOdd };
 const char* layout_name(LayoutKind k) {
   switch (k) {
