@@ -1,7 +1,9 @@
 #include "openmla/tensor.h"
 
+#include "core/str_cat.h"
+
 #include <cassert>
-#include <sstream>
+#include <string>
 
 namespace openmla {
 
@@ -77,11 +79,9 @@ bool TensorView::is_contiguous() const {
 }
 
 std::string TensorView::shape_string() const {
-  std::ostringstream os;
-  os << "[";
-  for (int d = 0; d < rank; ++d) os << (d ? ", " : "") << shape[d];
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (int d = 0; d < rank; ++d) s += core::str_cat(d ? ", " : "", shape[d]);
+  return s + "]";
 }
 
 }  // namespace openmla

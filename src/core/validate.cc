@@ -1,18 +1,16 @@
 #include "core/validate.h"
 
+#include "core/str_cat.h"
+
 #include <cmath>
-#include <sstream>
 #include <string>
 
 namespace openmla::core {
 namespace {
 
 template <typename... Parts>
-Status invalid(const char* op, Parts&&... parts) {
-  std::ostringstream os;
-  os << op << ": ";
-  (os << ... << parts);
-  return Status::InvalidArgument(os.str());
+Status invalid(const char* op, const Parts&... parts) {
+  return Status::InvalidArgument(str_cat(op, ": ", parts...));
 }
 
 float resolve_scale(float softmax_scale, int64_t d_qk) {

@@ -3,9 +3,9 @@
 #include "core/validate_convert.h"
 
 #include <cstdint>
-#include <sstream>
 #include <string>
 
+#include "core/str_cat.h"
 #include "core/validate.h"
 
 namespace openmla::core {
@@ -14,11 +14,8 @@ namespace {
 constexpr const char* kOp = "kv_cache_convert";
 
 template <typename... Parts>
-Status invalid(Parts&&... parts) {
-  std::ostringstream os;
-  os << kOp << ": ";
-  (os << ... << parts);
-  return Status::InvalidArgument(os.str());
+Status invalid(const Parts&... parts) {
+  return Status::InvalidArgument(str_cat(kOp, ": ", parts...));
 }
 
 Status check_cache(const KVCache& cache, const char* arg) {

@@ -5,9 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <sstream>
 #include <string>
 
+#include "core/str_cat.h"
 #include "cuda/common/decode_schedule.h"
 #include "cuda/common/kv_cache_kernels.h"
 #include "cuda/common/merge_states.h"
@@ -126,10 +126,8 @@ class DeviceGuard {
 };
 
 std::string cache_string(const KVCache& cache) {
-  std::ostringstream os;
-  os << kv_format_name(cache.layout.format) << " cache (d_qk " << cache.layout.d_qk
-     << ", page_size " << cache.layout.page_size << ")";
-  return os.str();
+  return core::str_cat(kv_format_name(cache.layout.format), " cache (d_qk ", cache.layout.d_qk,
+                       ", page_size ", cache.layout.page_size, ")");
 }
 
 // Checks that `device` is an SM90 GPU, makes it current for the call, then runs `launch`.
@@ -182,16 +180,15 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
   constexpr const char* kOp = "sparse_decode";
   int arch = 0;
   OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-  std::ostringstream asked;
-  asked << "q " << dtype_name(args.q.dtype) << " " << args.q.shape_string() << ", "
-        << cache_string(args.k_cache) << ", topk " << shape.topk;
+  std::string asked = core::str_cat("q ", dtype_name(args.q.dtype), " ", args.q.shape_string(),
+                                    ", ", cache_string(args.k_cache), ", topk ", shape.topk);
   if (args.extra_k_cache.defined()) {
-    asked << ", extra " << cache_string(args.extra_k_cache) << " topk " << shape.extra_topk;
+    asked += core::str_cat(", extra ", cache_string(args.extra_k_cache), " topk ", shape.extra_topk);
   }
-  if (args.attn_sink.defined()) asked << ", attn_sink";
-  if (args.topk_length.defined()) asked << ", topk_length";
-  asked << ", d_v " << shape.d_v;
-  return not_implemented(kOp, asked.str(), arch);
+  if (args.attn_sink.defined()) asked += ", attn_sink";
+  if (args.topk_length.defined()) asked += ", topk_length";
+  asked += core::str_cat(", d_v ", shape.d_v);
+  return not_implemented(kOp, asked, arch);
 }
 
 Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
@@ -199,12 +196,12 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
   constexpr const char* kOp = "sparse_prefill";
   int arch = 0;
   OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-  std::ostringstream asked;
-  asked << "q " << dtype_name(args.q.dtype) << " " << args.q.shape_string() << ", kv "
-        << args.kv.shape_string() << ", topk " << shape.topk << ", d_v " << shape.d_v;
-  if (args.attn_sink.defined()) asked << ", attn_sink";
-  if (args.topk_length.defined()) asked << ", topk_length";
-  return not_implemented(kOp, asked.str(), arch);
+  std::string asked = core::str_cat("q ", dtype_name(args.q.dtype), " ", args.q.shape_string(),
+                                    ", kv ", args.kv.shape_string(), ", topk ", shape.topk,
+                                    ", d_v ", shape.d_v);
+  if (args.attn_sink.defined()) asked += ", attn_sink";
+  if (args.topk_length.defined()) asked += ", topk_length";
+  return not_implemented(kOp, asked, arch);
 }
 
 Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <locale>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,24 @@ TEST(Validation, DenseDecodeBaselineIsValid) {
   EXPECT_EQ(shape.h_kv, 1);
   EXPECT_EQ(shape.page_size, 16);
   EXPECT_FLOAT_EQ(shape.softmax_scale, 1.f / std::sqrt(576.f));
+}
+
+// Messages do not depend on the caller's global C++ locale (str_cat, no iostreams): with a
+// locale that groups digits in threes, a size of 12345 still prints as 12345.
+TEST(Validation, MessagesIgnoreTheGlobalLocale) {
+  struct Grouping : std::numpunct<char> {
+    char do_thousands_sep() const override { return '\''; }
+    std::string do_grouping() const override { return "\3"; }
+  };
+  const std::locale saved = std::locale::global(std::locale(std::locale::classic(), new Grouping));
+  DenseFixture f;
+  f.args.q.shape[3] = 12345;
+  core::DenseDecodeShape shape;
+  const Status st = core::validate_dense_decode(f.args, &shape);
+  std::locale::global(saved);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("12345"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find("12'345"), std::string::npos) << st.message();
 }
 
 TEST(Validation, DenseDecodeRejectsEachBadArgument) {
