@@ -174,6 +174,9 @@ struct Shape {
 struct Buffers {
   void* kv = nullptr;
   size_t kv_blocks = 0;
+  // > 0: every request's table points into the first `resident_blocks` blocks, so the KV stays
+  // in L2 (a diagnostic: separates the loads' cost from the compute's).
+  int64_t resident_blocks = 0;
 };
 
 // Returns the flushed median in µs; prints a markdown row unless `quiet`.
@@ -199,7 +202,11 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   std::vector<int32_t> table(static_cast<size_t>(b) * max_need, 0);
   int64_t next = 0;
   for (int i = 0; i < b; ++i) {
-    for (int j = 0; j < need[i]; ++j) table[static_cast<size_t>(i) * max_need + j] = perm[next++];
+    for (int j = 0; j < need[i]; ++j) {
+      const int32_t block = perm[next++];
+      table[static_cast<size_t>(i) * max_need + j] =
+          buf.resident_blocks > 0 ? static_cast<int32_t>(block % buf.resident_blocks) : block;
+    }
   }
   void *q, *out, *lse, *table_d, *seq_d, *meta_d, *splits_d, *ws;
   int parts = 0;
@@ -262,6 +269,34 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   return us;
 }
 
+// The timeline of CTA 0 (kernel.cuh Tracer): per pair, each role's stamps in clocks after WG0
+// began that pair; the first column is the pair's period (WG0 start to WG0 start).
+void print_trace(const long long* trace_d, int pairs) {
+  std::vector<long long> tr(static_cast<size_t>(3) * pairs * 16);
+  check(cudaMemcpy(tr.data(), trace_d, tr.size() * sizeof(long long), cudaMemcpyDeviceToHost),
+        "d2h trace");
+  auto at = [&](int role, int pair, int ev) {
+    return tr[(static_cast<size_t>(role) * pairs + pair) * 16 + ev];
+  };
+  std::printf("\ntimeline of CTA 0, clocks after WG0's pair start (0 = not reached)\n"
+              "WG0: 1 loop, 2 S0, 3 P0 out, 4 PV0L issued, 5 P1 in, 6 PV0L done, 7 PV1L issued, "
+              "8 PV1L done\nWG1: 0 start, 1 QK0 seen, 2 S1, 3 P0 in, 4 PV0R issued, 5 P1 out, "
+              "6 PV0R done, 7 PV1R issued, 8 PV1R done\nproducer: 0 start, 1.. part issued "
+              "(stage 0: L R rope, stage 1: L R rope)\n");
+  for (int q = 0; q < pairs; ++q) {
+    const long long base = at(0, q, 0);
+    if (base == 0) break;
+    const long long period = q + 1 < pairs && at(0, q + 1, 0) != 0 ? at(0, q + 1, 0) - base : 0;
+    std::printf("pair %2d period %6lld | WG0", q, period);
+    for (int e = 1; e <= 8; ++e) std::printf(" %6lld", at(0, q, e) ? at(0, q, e) - base : 0);
+    std::printf(" | WG1");
+    for (int e = 0; e <= 8; ++e) std::printf(" %6lld", at(1, q, e) ? at(1, q, e) - base : 0);
+    std::printf(" | prod");
+    for (int e = 0; e <= 6; ++e) std::printf(" %6lld", at(2, q, e) ? at(2, q, e) - base : 0);
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -281,10 +316,27 @@ int main() {
     one.kv_blocks = size_t{128} * len / 64;
     check(cudaMalloc(&one.kv, one.kv_blocks * 64 * 576 * 2), "malloc kv");
     fill(one.kv, one.kv_blocks * 64 * 576, 7);
+    // OPENMLA_BENCH_L2_RESIDENT=n: all requests read the first n blocks (n = 256: 18 MB, in L2).
+    if (const char* resident = std::getenv("OPENMLA_BENCH_L2_RESIDENT")) {
+      one.resident_blocks = std::atoll(resident);
+    }
     std::mt19937 rng(5);
     std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | |\n");
+    // OPENMLA_BENCH_TRACE=n: the timeline of CTA 0's first n pairs (a build with
+    // -DOPENMLA_DENSE_DECODE_TRACE=ON; elsewhere the stamps stay 0).
+    long long* trace_d = nullptr;
+    int trace_pairs = 0;
+    if (const char* tr = std::getenv("OPENMLA_BENCH_TRACE")) {
+      trace_pairs = std::atoi(tr);
+      const size_t bytes = sizeof(long long) * 3 * trace_pairs * 16;
+      check(cudaMalloc(&trace_d, bytes), "malloc trace");
+      check(cudaMemset(trace_d, 0, bytes), "memset trace");
+      cuda::sm90::dense_decode_tuning().trace = trace_d;
+      cuda::sm90::dense_decode_tuning().trace_pairs = trace_pairs;
+    }
     run_shape({128, s_q, h_q, std::vector<int>(128, len), std::to_string(len), 0.0}, one, 4200.0,
               780.0, rng);
+    if (trace_d != nullptr) print_trace(trace_d, trace_pairs);
     return 0;
   }
 
@@ -300,41 +352,56 @@ int main() {
   check(cudaDeviceSynchronize(), "fill");
 
   // Knob sweep (launch.h DenseDecodeTuning) on a few shapes, then the grid at the best setting.
+  // OPENMLA_BENCH_NO_SWEEP=1: the grid alone, at the defaults.
+  const bool sweep = std::getenv("OPENMLA_BENCH_NO_SWEEP") == nullptr;
   std::mt19937 sweep_rng(99);
   auto& tuning = cuda::sm90::dense_decode_tuning();
   const int sweep_shapes[][3] = {{1, 16, 8192}, {1, 64, 4096}, {1, 128, 4096}, {1, 16, 1024},
                                  {1, 128, 1024}, {2, 128, 8192}};
-  const int prefetch_values[] = {0, 1, 2, 3, 4, 6};
-  std::printf("knob sweep, µs (b 128, rows: s_q h_q seqlen; columns: L2 prefetch tiles ahead)\n");
-  std::printf("| s_q | h_q | seqlen |");
-  for (int v : prefetch_values) std::printf(" pf %d |", v);
-  std::printf(" pf 2, evict normal |\n");
-  double best_total = 1e30;
-  int best_prefetch = tuning.l2_prefetch_tiles;
-  std::vector<double> totals(std::size(prefetch_values), 0.0);
-  for (const auto& sh : sweep_shapes) {
-    std::printf("| %d | %d | %d |", sh[0], sh[1], sh[2]);
-    double base = 0.0;
-    for (size_t i = 0; i < std::size(prefetch_values); ++i) {
-      tuning.l2_prefetch_tiles = prefetch_values[i];
-      const double us = run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0}, buf,
-                                  copy_gbs, gemm, sweep_rng, true);
-      if (i == 0) base = us;
-      totals[i] += us / base;  // each shape weighs the same
-      std::printf(" %.1f |", us);
-    }
-    tuning.l2_prefetch_tiles = 2;
-    tuning.evict_first = 0;
-    std::printf(" %.1f |\n", run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0},
+  const int prefetch_values[] = {0, 1, 2};  // 3-6 measured slower still (v3, NOTES.md)
+  if (sweep) {
+    std::printf("knob sweep, µs (b 128, rows: s_q h_q seqlen; columns: L2 prefetch tiles ahead)\n");
+    std::printf("| s_q | h_q | seqlen |");
+    for (int v : prefetch_values) std::printf(" pf %d |", v);
+    std::printf(" pf 2, evict normal | pf 0, QK^T together | pf 0, multicast |\n");
+    double best_total = 1e30;
+    int best_prefetch = tuning.l2_prefetch_tiles;
+    std::vector<double> totals(std::size(prefetch_values), 0.0);
+    for (const auto& sh : sweep_shapes) {
+      std::printf("| %d | %d | %d |", sh[0], sh[1], sh[2]);
+      double base = 0.0;
+      for (size_t i = 0; i < std::size(prefetch_values); ++i) {
+        tuning.l2_prefetch_tiles = prefetch_values[i];
+        const double us = run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0}, buf,
+                                    copy_gbs, gemm, sweep_rng, true);
+        if (i == 0) base = us;
+        totals[i] += us / base;  // each shape weighs the same
+        std::printf(" %.1f |", us);
+      }
+      tuning.l2_prefetch_tiles = 2;
+      tuning.evict_first = 0;
+      std::printf(" %.1f |", run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0},
                                         buf, copy_gbs, gemm, sweep_rng, true));
-    tuning.evict_first = -1;
-  }
-  for (size_t i = 0; i < totals.size(); ++i) {
-    if (totals[i] < best_total) best_total = totals[i], best_prefetch = prefetch_values[i];
-  }
-  tuning.l2_prefetch_tiles = best_prefetch;
-  std::printf("\ngrid at L2 prefetch %d tiles ahead (best of the sweep)\n\n", best_prefetch);
+      tuning.evict_first = -1;
+      tuning.l2_prefetch_tiles = 0;
+      tuning.serialize_qk = 0;
+      std::printf(" %.1f |", run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0},
+                                        buf, copy_gbs, gemm, sweep_rng, true));
+      tuning.serialize_qk = 1;
+      tuning.multicast = 1;
+      const double us_multicast = run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0},
+                                            buf, copy_gbs, gemm, sweep_rng, true);
+      std::printf(" %.1f%s |\n", us_multicast,
+                  tuning.last_cluster_size == 2 ? " (2-CTA clusters)" : " (unclustered)");
+      tuning.multicast = 0;
+    }
+    for (size_t i = 0; i < totals.size(); ++i) {
+      if (totals[i] < best_total) best_total = totals[i], best_prefetch = prefetch_values[i];
+    }
+    tuning.l2_prefetch_tiles = best_prefetch;
+    std::printf("\ngrid at L2 prefetch %d tiles ahead (best of the sweep)\n\n", best_prefetch);
 
+  }
   std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | FlashMLA µs · speedup |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(1234);

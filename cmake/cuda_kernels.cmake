@@ -23,10 +23,19 @@ target_include_directories(openmla_cuda SYSTEM PRIVATE ${OPENMLA_CUTLASS_INCLUDE
 target_link_libraries(openmla_cuda PUBLIC CUDA::cudart PRIVATE openmla)
 set_target_properties(openmla_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
                                               CUDA_RUNTIME_LIBRARY Shared)
+# OPENMLA_DENSE_DECODE_TRACE: the dense decode kernel records a clock64 timeline of one CTA
+# (tools/profile_dense_decode.sh builds a second tree with it). The stamps cost registers, so
+# that build may spill and ptxas warnings stay warnings there; never on in a normal build.
+option(OPENMLA_DENSE_DECODE_TRACE "Diagnostic build: dense decode kernel timeline stamps" OFF)
+set(OPENMLA_PTXAS_FLAGS -Xptxas=-v,-warn-spills,-Werror)
+if(OPENMLA_DENSE_DECODE_TRACE)
+  set(OPENMLA_PTXAS_FLAGS -Xptxas=-v,-warn-spills)
+  target_compile_definitions(openmla_cuda PRIVATE OPENMLA_DENSE_DECODE_TRACE=1)
+endif()
 set(OPENMLA_CUDA_FLAGS
     -gencode=arch=compute_90a,code=sm_90a
     --expt-relaxed-constexpr --expt-extended-lambda
-    -Xptxas=-v,-warn-spills,-Werror
+    ${OPENMLA_PTXAS_FLAGS}
     -Xcompiler=-Wall,-Wextra
     -lineinfo)
 target_compile_options(openmla_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${OPENMLA_CUDA_FLAGS}>)

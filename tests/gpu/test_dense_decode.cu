@@ -243,6 +243,39 @@ TEST(DenseDecodeSmall, Fp16D512SplitAcrossWorkers) {
             .num_sm_parts = 3, .seed = 4});
 }
 
+// Two m-blocks (h_q 128): a 2-CTA cluster loading each tile half by half, multicast to both.
+// (An opt-in knob, DenseDecodeTuning::multicast; off by default.)
+TEST(DenseDecodeSmall, MulticastPair) {
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.multicast;
+  tuning.multicast = 1;
+  run_case({.h_q = 128, .seqlens = {37, 200}, .seed = 5});
+  EXPECT_EQ(tuning.last_cluster_size, 2);
+  tuning.multicast = saved;
+}
+
+// With multicast every even m-block count runs clustered; the same cases without.
+TEST(DenseDecode, MulticastOnAndOff) {
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.multicast;
+  int seed = 15;
+  for (int multicast : {1, 0}) {
+    tuning.multicast = multicast;
+    const int expect = multicast ? 2 : 1;
+    run_case({.h_q = 128, .seqlens = {1000, 64, 1, 257}, .seed = static_cast<uint64_t>(seed++)});
+    EXPECT_EQ(tuning.last_cluster_size, expect);
+    run_case({.s_q = 2, .h_q = 128, .page_size = 16, .seqlens = {300, 2, 129}, .causal = true,
+              .seed = static_cast<uint64_t>(seed++)});
+    EXPECT_EQ(tuning.last_cluster_size, expect);
+    run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 32,
+              .seqlens = {515, 90}, .num_sm_parts = 3, .seed = static_cast<uint64_t>(seed++)});
+    EXPECT_EQ(tuning.last_cluster_size, expect);
+    run_case({.h_q = 128, .seqlens = {4000}, .num_sm_parts = 5, .seed = static_cast<uint64_t>(seed++)});
+    EXPECT_EQ(tuning.last_cluster_size, expect);
+  }
+  tuning.multicast = saved;
+}
+
 // --- dtype x head dim ---------------------------------------------------------------------------
 TEST(DenseDecode, DtypesAndHeadDims) {
   int seed = 10;

@@ -3,17 +3,21 @@
 //
 // Grid (m_blocks, h_kv, num_sm_parts), 384 threads, one CTA per SM. CTA (m, g, w) serves query
 // rows [64 m, 64 m + 64) of kv head g for every request piece of schedule worker w; a request
-// piece is the key range [tok_begin, tok_end) walked in 64-key tiles, each two 32-key halves:
+// piece is the key range [tok_begin, tok_end) walked in pairs of 64-key tiles (tile 0 in stage 0,
+// tile 1 in stage 1). Per pair, with m the running max before it:
 //
-//   WG0: S_A = Q K_A^T, softmax (new max m_A) -> P_A, m_A, scale_A to smem -> O_L += P_A V_A,L
-//                                                wait P_B -> O_L *= scale_B, O_L += P_B V_B,L
-//   WG1: S_B = Q K_B^T -> wait P_A -> O_R *= scale_A, O_R += P_A V_A,R (async) while softmax of
-//        S_B against m_A (new max m_B) -> P_B, scale_B to smem -> O_R *= scale_B, += P_B V_B,R
+//   WG0: S0 = Q K0^T; m0 = max(m, rowmax S0); P0 = exp(S0 - m0) -> smem (for WG1), m0 -> smem
+//        O_L *= exp(m - m0); O_L += P0 V0_L            (P0 from registers)
+//        wait P1 -> O_L *= exp(m0 - m1); O_L += P1 V1_L
+//   WG1: S1 = Q K1^T; wait P0 -> O_R *= exp(m - m0); O_R += P0 V0_R   (issued, runs while:)
+//        m1 = max(m0, rowmax S1); P1 = exp(S1 - m1) -> smem, m1, exp(m0 - m1) -> smem
+//        O_R *= exp(m0 - m1); O_R += P1 V1_R           (P1 from registers)
 //
-// so the two QK^T run side by side and each warpgroup's softmax overlaps GEMMs, while the next
-// tile loads into the other stage. V is the first 512 dims of the same keys (read transposed,
-// MN-major). A request with one split writes out/lse here; otherwise the split's fp32 partial
-// goes to the workspace for combine.cu, which this grid lets launch early (PDL).
+// so the two QK^T run side by side and each softmax overlaps the other warpgroup's GEMMs. Each
+// part of a stage (V left, V right, RoPE) is handed back to the producer by its last reader, so
+// the next pair's tiles load while this pair's PVs run. V is the first 512 dims of the same keys
+// (read transposed, MN-major). A request with one split writes out/lse here; otherwise the
+// split's fp32 partial goes to the workspace for combine.cu, which this grid lets launch early.
 #pragma once
 
 #include <cuda.h>
@@ -29,6 +33,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "cuda/sm90/dense_decode/launch.h"
 #include "cuda/sm90/dense_decode/params.h"
 #include "cuda/sm90/dense_decode/traits.h"
 
@@ -38,11 +43,12 @@ namespace dense_decode_detail {
 // Named barriers (hardware ids; 0 is __syncthreads). Counts in threads.
 enum : uint32_t {
   kBarRequest = 1,   // both compute WGs: Q loaded / previous request finished (256)
-  kBarPAReady = 2,   // WG0 -> WG1: P_A, m_A, scale_A published (256)
-  kBarPBReady = 3,   // WG1 -> WG0: P_B, m_B, scale_B published (256)
-  kBarWg0 = 4,       // inside WG0: its smem writes visible to its own wgmma (128)
+  kBarP0Ready = 2,   // WG0 -> WG1: P0, m0 published (256)
+  kBarP1Ready = 3,   // WG1 -> WG0: P1, m1, scale1 published (256)
+  kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
   kBarWg1 = 5,       // inside WG1 (128)
   kBarEpilogue = 6,  // row sums exchanged (256)
+  kBarQK0Done = 7,   // WG0 -> WG1: S0 computed, so QK1 starts now and runs under softmax 0 (256)
 };
 
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
@@ -51,12 +57,41 @@ __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
 __device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Generic-proxy smem writes (P, Q, zeroed rows) made visible to the async proxy (wgmma, TMA).
-// With a memory clobber, unlike CUTLASS's fence_view_async_shared: the stores before it must
-// not sink below it.
+// Generic-proxy smem writes (P, Q, zeroed rows) ordered before async-proxy accesses (wgmma reads,
+// the next TMA write into the same bytes). With a memory clobber, unlike CUTLASS's
+// fence_view_async_shared: the stores before it must not sink below it.
 __device__ __forceinline__ void fence_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// Cluster of two CTAs (DenseDecodeTuning::multicast, off by default: measured slower, NOTES.md
+// v6): the m-blocks 2i, 2i+1 of one (kv head, worker) each load half the pieces of every tile
+// and multicast them to both, so each SM fetches half the bytes from L2. A part may be refilled
+// only when the consumers of both CTAs are done with it: a warp releases it on the empty barrier
+// of every CTA of the cluster, and the producer waits with cluster-scope acquire. Unclustered: the
+// plain CTA-scope arrive.
+__device__ __forceinline__ void release_part(uint64_t* empty, int lane, int cluster_size) {
+  if (lane != 0) return;
+  if (cluster_size == 1) {
+    cutlass::arch::ClusterBarrier::arrive(empty);
+  } else {
+    cutlass::arch::ClusterBarrier::arrive(empty, 0, 1);
+    cutlass::arch::ClusterBarrier::arrive(empty, 1, 1);
+  }
+}
+__device__ __forceinline__ void wait_empty(uint64_t* bar, uint32_t phase, int cluster_size) {
+  if (cluster_size == 1) {
+    cutlass::arch::ClusterBarrier::wait(bar, phase);
+    return;
+  }
+  const uint32_t addr = cute::cast_smem_ptr_to_uint(bar);
+  asm volatile(
+      "{\n\t.reg .pred done;\n\t"
+      "WAIT_EMPTY:\n\t"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
+      "@!done bra WAIT_EMPTY;\n\t}"
+      ::"r"(addr), "r"(phase) : "memory");
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -108,6 +143,30 @@ __device__ __forceinline__ auto at_offset(Frag const& frag, uint32_t bytes) {
   return cute::make_tensor(cute::GMMA::DescriptorIterator{desc}, frag.layout());
 }
 
+// Timeline stamps (DenseDecodeParams::trace): one thread of each role of CTA (0,0,0) records
+// clock64 at fixed points of its first trace_pairs pairs. Compiled in only with
+// OPENMLA_DENSE_DECODE_TRACE (CMake option of the same name; tools/profile_dense_decode.sh):
+// the stamps cost the compute warpgroups registers they do not have to spare.
+constexpr int kTraceEvents = 16;
+struct Tracer {
+#if defined(OPENMLA_DENSE_DECODE_TRACE)
+  long long* row = nullptr;  // this role's [pair][event] rows, null when not tracing
+  __device__ __forceinline__ Tracer(const DenseDecodeParams& p, int role, bool leader) {
+    if (p.trace != nullptr && leader && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+      row = p.trace + static_cast<int64_t>(role) * p.trace_pairs * kTraceEvents;
+      trace_pairs_ = p.trace_pairs;
+    }
+  }
+  __device__ __forceinline__ void mark(int pair, int event) const {
+    if (row != nullptr && pair < trace_pairs_) row[pair * kTraceEvents + event] = clock64();
+  }
+  int trace_pairs_ = 0;
+#else
+  __device__ __forceinline__ Tracer(const DenseDecodeParams&, int, bool) {}
+  __device__ __forceinline__ void mark(int, int) const {}
+#endif
+};
+
 // The key range one worker walks in request r.
 struct RequestPiece {
   int seqlen;     // keys of the request (clamped to the cache capacity)
@@ -135,39 +194,79 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
 // Producer: one thread issues every TMA of the CTA's tiles, in the order the consumers use them.
 
 template <class Traits>
-__device__ __forceinline__ constexpr uint32_t pieces_in_group(int g) {
-  const int left = Traits::kNumPieces - g * Traits::kPiecesPerGroup;
-  return static_cast<uint32_t>(left < Traits::kPiecesPerGroup ? left : Traits::kPiecesPerGroup);
+__device__ __forceinline__ constexpr int part_first_piece(int part) {
+  return part * 4;  // L: 0-3, R: 4-7, RoPE: 8
+}
+template <class Traits>
+__device__ __forceinline__ constexpr int part_pieces(int part) {
+  return part == Traits::kPartRope ? Traits::kNumPieces - 8 : 4;
 }
 
-// L2 prefetch (no smem, no barrier) of the tile at key t0 of a piece: the loads two stages deep
-// are too few bytes in flight to cover HBM latency, so tiles further ahead are pulled into L2.
+// L2 prefetch (no smem, no barrier) of the tile at key t0 of a piece: a runtime knob
+// (DenseDecodeTuning::l2_prefetch_tiles, default 0) that measured slower in v3.
 template <class Traits>
 __device__ __forceinline__ void prefetch_tile(const DenseDecodeParams& p, const int32_t* table,
                                               int kv_head, int t0, int tok_end) {
-  constexpr int kHalfN = Traits::kHalfN;
   const int page_size = p.page_size;
-  if (page_size >= kHalfN) {
+  const int rows = page_size < Traits::kBlockN ? page_size : Traits::kBlockN;
+  const int last = min(t0 + Traits::kBlockN, tok_end);
+  for (int k = t0; k < last; k += rows) {
+    const int page = k / page_size;
+    const int block = table[page * p.block_table_stride_n];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int h0 = t0 + h * kHalfN;
-      if (h0 >= tok_end) break;
-      const int page = h0 / page_size;
+    for (int c = 0; c < Traits::kNumPieces; ++c) {
+      cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_k, c * Traits::kPieceDims,
+                                             k - page * page_size, kv_head, block);
+    }
+  }
+}
+
+// One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`.
+// Pages of >= 64 keys: one 64-key box per piece. Smaller pages: one box per (page, piece), pages
+// past the last valid key not loaded (the consumers zero those V rows and mask those keys).
+// (A producer warp holding 32 block ids a lane instead of re-reading the table per part measured
+// no better: the parts' spacing is the SM's TMA fetch rate, NOTES.md v5.)
+template <class Traits>
+__device__ __forceinline__ void load_part(const DenseDecodeParams& p,
+                                          typename Traits::SharedStorage& smem,
+                                          const int32_t* table, int kv_head, int stage, int part,
+                                          int t0, int valid, uint32_t phase) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  const int page_size = p.page_size;
+  const int first = part_first_piece<Traits>(part), n = part_pieces<Traits>(part);
+  wait_empty(&smem.empty[stage][part], phase ^ 1, p.cluster_size);
+  uint64_t* full = &smem.full[stage][part];
+  typename Traits::Element* dst = smem.k[stage] + first * Traits::kPieceElems;
+  // One box: alone, or (cluster) only the pieces this CTA issues, multicast to both CTAs (the
+  // full barrier at the same offset in each receives the bytes). Pieces alternate between the
+  // two CTAs, shifted by the stage so each issues 9 of a pair's 18 at d 576.
+  auto load_box = [&](int c, void* smem_dst, int row, int block) {
+    if (p.cluster_size == 1) {
+      cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, p.cache_hint, smem_dst,
+                                   (first + c) * Traits::kPieceDims, row, kv_head, block);
+    } else if (((first + c + stage) & 1) == static_cast<int>(blockIdx.x & 1)) {  // rank
+      cute::SM90_TMA_LOAD_MULTICAST_4D::copy(&p.tma_k, full, 0x3, p.cache_hint, smem_dst,
+                                             (first + c) * Traits::kPieceDims, row, kv_head,
+                                             block);
+    }
+  };
+  if (page_size >= Traits::kBlockN) {
+    Barrier::arrive_and_expect_tx(full, valid > 0 ? n * Traits::kPieceBytes : 0);
+    if (valid > 0) {
+      const int page = t0 / page_size;
       const int block = table[page * p.block_table_stride_n];
-#pragma unroll
-      for (int c = 0; c < Traits::kNumPieces; ++c) {
-        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_k, c * Traits::kPieceDims,
-                                               h0 - page * page_size, kv_head, block);
+      for (int c = 0; c < n; ++c) {
+        load_box(c, dst + c * Traits::kPieceElems, t0 - page * page_size, block);
       }
     }
   } else {
-    const int last = min(t0 + Traits::kBlockN, tok_end);
-    for (int k = t0; k < last; k += page_size) {
-      const int block = table[(k / page_size) * p.block_table_stride_n];
-#pragma unroll
-      for (int c = 0; c < Traits::kNumPieces; ++c) {
-        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_k, c * Traits::kPieceDims, 0, kv_head,
-                                               block);
+    const int pages = (valid + page_size - 1) / page_size;
+    const int first_page = t0 / page_size;
+    Barrier::arrive_and_expect_tx(full, static_cast<uint32_t>(n * pages * page_size * 128));
+    for (int j = 0; j < pages; ++j) {
+      const int block = table[(first_page + j) * p.block_table_stride_n];
+      for (int c = 0; c < n; ++c) {
+        load_box(c, dst + c * Traits::kPieceElems + j * page_size * Traits::kPieceDims, 0, block);
       }
     }
   }
@@ -177,81 +276,33 @@ template <class Traits>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
                                         int begin_req, int begin_tok, int last_req, int end_tok) {
-  using Element = typename Traits::Element;
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  constexpr int kPieces = Traits::kNumPieces;
-  constexpr int kHalfN = Traits::kHalfN;
-  const int page_size = p.page_size;
   const int ahead = p.l2_prefetch_tiles;
-  int tile = 0;
+  const Tracer trace(p, 2, true);
+  int pair = 0;  // pairs loaded so far: the phase of every barrier of both stages
   for (int r = begin_req; r <= last_req; ++r) {
     const RequestPiece piece = request_piece(p, r, begin_req, begin_tok, last_req, end_tok);
     const int32_t* table = p.block_table + r * p.block_table_stride_b;
-    for (int t0 = piece.tile_begin; t0 < piece.tok_end; t0 += Traits::kBlockN, ++tile) {
-      const int stage = tile & 1;
-      const uint32_t phase = (tile >> 1) & 1;
-      // Tiles `ahead` further on into L2 (at a piece's first tile, all of 1 .. ahead).
+    const int n_tiles = piece.num_tiles();
+    for (int it = 0; it < n_tiles; it += 2, ++pair) {
+      const uint32_t phase = pair & 1;
       if (ahead > 0) {
-        for (int a = t0 == piece.tile_begin ? 1 : ahead; a <= ahead; ++a) {
-          const int ta = t0 + a * Traits::kBlockN;
-          if (ta >= piece.tok_end) break;
-          prefetch_tile<Traits>(p, table, kv_head, ta, piece.tok_end);
+        for (int a = it == 0 ? 2 : ahead + 1; a <= ahead + 1; ++a) {
+          if (it + a >= n_tiles) break;
+          prefetch_tile<Traits>(p, table, kv_head, piece.tile_begin + (it + a) * Traits::kBlockN,
+                                piece.tok_end);
         }
       }
-      Barrier::wait(&smem.empty[stage], phase ^ 1);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int h0 = t0 + h * kHalfN;
-        const int valid = max(0, min(kHalfN, piece.tok_end - h0));  // keys of this half to load
-        Element* dst = smem.k[stage] + h * Traits::kHalfElems;
-        uint64_t* full = smem.full[stage][h];
-        if (page_size >= kHalfN) {
-          // A page holds whole halves: one box of 32 keys per piece (none past the end).
-          const uint32_t bytes = valid > 0 ? Traits::kPieceBytes : 0;
-#pragma unroll
-          for (int g = 0; g < Traits::kPieceGroups; ++g) {
-            Barrier::arrive_and_expect_tx(&full[g], bytes * pieces_in_group<Traits>(g));
-          }
-          if (valid > 0) {
-            const int page = h0 / page_size;
-            const int in_page = h0 - page * page_size;
-            const int block = table[page * p.block_table_stride_n];
-#pragma unroll
-            for (int c = 0; c < kPieces; ++c) {
-              cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, &full[c / Traits::kPiecesPerGroup], p.cache_hint,
-                                           dst + c * Traits::kPieceElems, c * Traits::kPieceDims,
-                                           in_page, kv_head, block);
-            }
-          }
-        } else {
-          // A half spans several pages: one box of page_size keys per (page, piece); pages past
-          // the piece's last key are not loaded (the consumers zero those rows).
-          const int pages = (valid + page_size - 1) / page_size;
-          const int first_page = h0 / page_size;
-          const uint32_t bytes = static_cast<uint32_t>(pages * page_size * 128);
-#pragma unroll
-          for (int g = 0; g < Traits::kPieceGroups; ++g) {
-            Barrier::arrive_and_expect_tx(&full[g], bytes * pieces_in_group<Traits>(g));
-          }
-          for (int j0 = 0; j0 < pages; j0 += 4) {
-            int block[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-              block[u] = j0 + u < pages ? table[(first_page + j0 + u) * p.block_table_stride_n] : 0;
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-              if (j0 + u >= pages) break;
-              const int row0 = (j0 + u) * page_size;
-#pragma unroll
-              for (int c = 0; c < kPieces; ++c) {
-                cute::SM90_TMA_LOAD_4D::copy(
-                    &p.tma_k, &full[c / Traits::kPiecesPerGroup], p.cache_hint,
-                    dst + c * Traits::kPieceElems + row0 * Traits::kPieceDims,
-                    c * Traits::kPieceDims, 0, kv_head, block[u]);
-              }
-            }
-          }
+      // Tile 1 of a pair past the piece's end is an empty load (0 bytes): every barrier still
+      // completes one phase per pair, so both sides count pairs alone.
+      trace.mark(pair, 0);
+#pragma unroll 1
+      for (int s = 0; s < 2; ++s) {
+        const int t0 = piece.tile_begin + (it + s) * Traits::kBlockN;
+        const int valid = max(0, min(Traits::kBlockN, piece.tok_end - t0));
+#pragma unroll 1
+        for (int part = 0; part < Traits::kNumParts; ++part) {
+          load_part<Traits>(p, smem, table, kv_head, s, part, t0, valid, phase);
+          trace.mark(pair, 1 + s * Traits::kNumParts + part);  // part issued
         }
       }
     }
@@ -261,23 +312,25 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // ---------------------------------------------------------------------------------------------
 // Compute warpgroups.
 
-// S = Q K^T over all pieces, starting each piece's four k-steps as soon as that piece lands.
+// S = Q K^T over all pieces, starting each part's k-steps as soon as that part lands.
 template <class Traits, class Mma, class TQ, class TK, class TS>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
                                         uint64_t* full, uint32_t phase) {
   using namespace cute;
   warpgroup_fence_operand(tSrS);
-  warpgroup_arrive();
 #pragma unroll
-  for (int c = 0; c < Traits::kNumPieces; ++c) {
-    if (c % Traits::kPiecesPerGroup == 0) {
-      cutlass::arch::ClusterBarrier::wait(&full[c / Traits::kPiecesPerGroup], phase);
-      if (c > 0) warpgroup_arrive();  // the wait's branches sit between these wgmmas and the last
-    }
+  for (int part = 0; part < Traits::kNumParts; ++part) {
+    cutlass::arch::ClusterBarrier::wait(&full[part], phase);
+    warpgroup_arrive();
+    constexpr int kSteps = Traits::kPieceDims / 16;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      mma.accumulate_ = (c == 0 && kk == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-      gemm(mma, tSrQ(_, _, c * 4 + kk), tSrK(_, _, c * 4 + kk), tSrS);
+    for (int c = part_first_piece<Traits>(part);
+         c < part_first_piece<Traits>(part) + part_pieces<Traits>(part); ++c) {
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        mma.accumulate_ = (c == 0 && kk == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        gemm(mma, tSrQ(_, _, c * kSteps + kk), tSrK(_, _, c * kSteps + kk), tSrS);
+      }
     }
   }
   warpgroup_commit_batch();
@@ -285,10 +338,11 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
   warpgroup_fence_operand(tSrS);
 }
 
-// O += P V (issued, not waited for).
+// O += P V with P from registers (issued and committed, not waited for).
 template <class Mma, class TP, class TV, class TO>
-__device__ __forceinline__ void gemm_pv(Mma& mma, TP const& tOrP, TV const& tOrV, TO& tOrO) {
+__device__ __forceinline__ void gemm_pv(Mma& mma, TP& tOrP, TV const& tOrV, TO& tOrO) {
   using namespace cute;
+  warpgroup_fence_operand(tOrP);
   warpgroup_fence_operand(tOrO);
   warpgroup_arrive();
   mma.accumulate_ = GMMA::ScaleOut::One;
@@ -296,10 +350,11 @@ __device__ __forceinline__ void gemm_pv(Mma& mma, TP const& tOrP, TV const& tOrV
   warpgroup_commit_batch();
 }
 
-template <class TO>
-__device__ __forceinline__ void wait_pv(TO& tOrO) {
+template <class TO, class TP>
+__device__ __forceinline__ void wait_pv(TO& tOrO, TP& tOrP) {
   cute::warpgroup_wait<0>();
   cute::warpgroup_fence_operand(tOrO);
+  cute::warpgroup_fence_operand(tOrP);
 }
 
 // Keys outside [lower, limit[i]) of row i (absolute key indices) get -inf.
@@ -317,31 +372,14 @@ __device__ __forceinline__ void mask_tile(TS& S, TC const& cS, int t0, int lower
   }
 }
 
-// P (the softmax numerators, in S's registers) to smem as Element: 64 rows x 32 keys, 64 B
-// rows, 64 B swizzle (16-byte chunk index XOR bits 1..2 of the row; 512 B-aligned base).
-template <class Element, class TS, class TC>
-__device__ __forceinline__ void store_p(Element* sP, TS const& S, TC const& cS) {
-  using namespace cute;
-  char* base = reinterpret_cast<char*>(sP);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = get<0>(cS(i, 0));
-#pragma unroll
-    for (int j = 0; j < size<1>(S); j += 2) {
-      const int col = get<1>(cS(i, j));
-      const uint32_t off = row * 64 + ((((col >> 3) ^ (row >> 1)) & 3) << 4) + (col & 7) * 2;
-      *reinterpret_cast<uint32_t*>(base + off) = pack2<Element>(S(i, j), S(i, j + 1));
-    }
-  }
-}
-
-// Zero V rows [valid, 32) of the 8 V pieces of a half, so keys past the piece's end (unused
-// cache slots may hold anything, NaN too, or were never loaded) add 0 * 0 to P V.
+// Zero V rows [valid, 64) of the 8 V pieces of a tile, so keys past the piece's end (unused
+// cache slots may hold anything, NaN too, or were never loaded) add 0 * 0 to P V. A row is
+// 128 contiguous bytes of its piece whatever the swizzle.
 template <class Traits>
-__device__ __forceinline__ void zero_v_rows(typename Traits::Element* half, int valid,
+__device__ __forceinline__ void zero_v_rows(typename Traits::Element* tile, int valid,
                                             int thread) {
-  char* base = reinterpret_cast<char*>(half);
-  const int chunks = (Traits::kHalfN - valid) * Traits::kNumVPieces * 8;  // 16 B chunks
+  char* base = reinterpret_cast<char*>(tile);
+  const int chunks = (Traits::kBlockN - valid) * Traits::kNumVPieces * 8;  // 16 B chunks
   for (int idx = thread; idx < chunks; idx += 128) {
     const int row = valid + idx / (Traits::kNumVPieces * 8);
     const int k = idx % (Traits::kNumVPieces * 8);
@@ -350,19 +388,24 @@ __device__ __forceinline__ void zero_v_rows(typename Traits::Element* half, int 
   }
 }
 
-// Max (or sum) of row i of this thread's accumulator values, as a tree: the sequential chain put
-// 16 dependent operations on the path WG1 waits on.
+// One level of a reduction tree: v[j] op= v[j + W] for j < W, then the next level.
+template <bool kMax, int W>
+__device__ __forceinline__ void reduce_levels(float* v) {
+#pragma unroll
+  for (int j = 0; j < W; ++j) v[j] = kMax ? fmaxf(v[j], v[j + W]) : v[j] + v[j + W];
+  if constexpr (W > 1) reduce_levels<kMax, W / 2>(v);
+}
+
+// Max (or sum) of row i of this thread's accumulator values, as a tree (a dependent chain put
+// 16 operations on the path the other warpgroup waits on). The levels are template recursion:
+// `for (w = n / 2; w > 0; w /= 2)` was left rolled at n = 16, with v[] in local memory.
 template <bool kMax, class TS>
 __device__ __forceinline__ float row_reduce(TS const& S, int i) {
   constexpr int n = cute::size<1>(TS{}.layout());
   float v[n];
 #pragma unroll
   for (int j = 0; j < n; ++j) v[j] = S(i, j);
-#pragma unroll
-  for (int w = n / 2; w > 0; w /= 2) {
-#pragma unroll
-    for (int j = 0; j < w; ++j) v[j] = kMax ? fmaxf(v[j], v[j + w]) : v[j] + v[j + w];
-  }
+  reduce_levels<kMax, n / 2>(v);
   return v[0];
 }
 
@@ -373,6 +416,58 @@ __device__ __forceinline__ void rescale_rows(TO& O, const float (&scale)[2]) {
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int j = 0; j < size<1>(O); ++j) O(i, j) *= scale[i];
+  }
+}
+
+// The running max m as an exp2 exponent offset: rows that have seen no key yet (m = -inf) use 0
+// so exp2(-inf - 0) = 0 instead of NaN.
+__device__ __forceinline__ float max_base(float m, float scale_log2) {
+  return m == -INFINITY ? 0.f : m * scale_log2;
+}
+
+// P = exp(S - m) in place (S's accumulator order) and its row sums; P packed into the A
+// fragment of P V (the accumulator's register order is the A fragment's: 2 values a word).
+template <class Element, class TS, class TAcc, class TP>
+__device__ __forceinline__ void softmax_to_p(TS& S, TAcc const& tSrS, const float (&base)[2],
+                                             float sl2, float (&row_sum)[2], TP& tOrP) {
+  using namespace cute;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < size<1>(S); ++j) S(i, j) = exp2_approx(S(i, j) * sl2 - base[i]);
+    row_sum[i] = row_reduce<false>(S, i);
+  }
+  // The accumulator's flat order (tSrS, compact) is the fragment's; pack pairs of it.
+  static_assert(decltype(size(tSrS))::value == 2 * decltype(size(recast<uint32_t>(tOrP)))::value);
+  Tensor P32 = recast<uint32_t>(tOrP);
+#pragma unroll
+  for (int k = 0; k < size(P32); ++k) P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
+}
+
+// P fragments cross between the warpgroups thread-major: word 4j..4j+3 of thread t is the 16 B
+// at (j * 128 + t) * 16, so a warp's accesses are 512 contiguous bytes (no bank conflicts).
+template <class TP>
+__device__ __forceinline__ void store_p(void* buf, TP& tOrP, int t) {
+  using namespace cute;
+  Tensor P32 = recast<uint32_t>(tOrP);
+  uint4* dst = static_cast<uint4*>(buf);
+#pragma unroll
+  for (int j = 0; j < size(P32) / 4; ++j) {
+    dst[j * 128 + t] = make_uint4(P32(4 * j), P32(4 * j + 1), P32(4 * j + 2), P32(4 * j + 3));
+  }
+}
+template <class TP>
+__device__ __forceinline__ void load_p(const void* buf, TP& tOrP, int t) {
+  using namespace cute;
+  Tensor P32 = recast<uint32_t>(tOrP);
+  const uint4* src = static_cast<const uint4*>(buf);
+#pragma unroll
+  for (int j = 0; j < size(P32) / 4; ++j) {
+    const uint4 v = src[j * 128 + t];
+    P32(4 * j) = v.x;
+    P32(4 * j + 1) = v.y;
+    P32(4 * j + 2) = v.z;
+    P32(4 * j + 3) = v.w;
   }
 }
 
@@ -418,7 +513,8 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
                                         int last_req, int end_tok, int begin_split) {
   using namespace cute;
   using Element = typename Traits::Element;
-  constexpr int kBlockN = Traits::kBlockN, kHalfN = Traits::kHalfN;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kBlockN = Traits::kBlockN;
   const int t = thread - wg * 128;  // thread in its warpgroup
   const int lane = t % 32;
 
@@ -429,32 +525,31 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});  // (64,D)
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);                                  // (MMA,1,D/16)
-  // Descriptors of stage 0, half 0; other (stage, half) by byte offset (at_offset).
+  // Descriptors of stage 0; stage 1 by byte offset (at_offset).
   Tensor tSrK = thr_qk.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutKHalf{}));  // (MMA,1,D/16)
-  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<64>, Int<kHalfN>>{});  // (MMA,1,1) fp32
-  Tensor S = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));             // (2,8)
-  Tensor cS = make_identity_tensor(Shape<Int<64>, Int<kHalfN>>{});
+      make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutK{}));  // (MMA,1,D/16)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<64>, Int<kBlockN>>{});  // (MMA,1,1) fp32
+  Tensor S = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));             // (2,16)
+  Tensor cS = make_identity_tensor(Shape<Int<64>, Int<kBlockN>>{});
   Tensor tScS = thr_qk.partition_C(cS);
-  Tensor cS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (2,8) -> (row,key)
+  Tensor cS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (2,16) -> (row,key)
 
-  // P of (stage, half): the half's RoPE piece at d 576, a buffer of its own at d 512.
-  Element* const sP0 = Traits::kPInKTile ? smem.k[0] + Traits::kNumVPieces * Traits::kPieceElems
-                                         : smem.p[0];
-  auto p_bytes = [](int stage, int half) -> uint32_t {
-    return Traits::kPInKTile ? (stage * Traits::kTileElems + half * Traits::kHalfElems) * 2
-                             : (stage * 2 + half) * Traits::kPElems * 2;
+  // P as the A operand of P V, in registers: this warpgroup's own tile, and the other's (read
+  // from shared memory).
+  Tensor sP_shape = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutP{});
+  Tensor tOrP_own = thr_pv.partition_fragment_A(sP_shape);    // (MMA,1,4) Element
+  Tensor tOrP_other = thr_pv.partition_fragment_A(sP_shape);  // (MMA,1,4) Element
+  static_assert(size(decltype(tOrP_own){}) == size(decltype(tSrS){}));
+  // The P exchange buffer of a stage: its RoPE piece at d 576, a buffer of its own at d 512.
+  auto p_buffer = [&](int stage) -> void* {
+    return Traits::kPInKTile ? static_cast<void*>(smem.k[stage] + 8 * Traits::kPieceElems)
+                             : static_cast<void*>(smem.p[Traits::kPInKTile ? 0 : stage]);
   };
-  auto sP = [&](int stage, int half) { return sP0 + p_bytes(stage, half) / 2; };
-  Tensor tOrP = thr_pv.partition_fragment_A(
-      make_tensor(make_smem_ptr(sP0), typename Traits::SmemLayoutP{}));  // (MMA,1,2)
-  // This warpgroup's V dims [256 wg, 256 wg + 256) = pieces [4 wg, 4 wg + 4) of a half.
-  Tensor tOrV = thr_pv.partition_fragment_B(make_tensor(
-      make_smem_ptr(smem.k[0] + wg * (Traits::kNumVPieces / 2) * Traits::kPieceElems),
-      typename Traits::SmemLayoutVHalf{}));  // (MMA,1,2)
-  auto kv_bytes = [](int stage, int half) -> uint32_t {
-    return (stage * Traits::kTileElems + half * Traits::kHalfElems) * 2;
-  };
+  // This warpgroup's V dims [256 wg, 256 wg + 256) = pieces [4 wg, 4 wg + 4) of a tile.
+  Tensor tOrV = thr_pv.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.k[0] + wg * (Traits::kNumVPieces / 2) * Traits::kPieceElems),
+                  typename Traits::SmemLayoutV{}));  // (MMA,1,4)
+  constexpr uint32_t kStageBytes = Traits::kTileElems * 2;
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<64>, Int<Traits::kVHalfDims>>{});  // fp32
   Tensor O = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));                       // (2,128)
   Tensor cO = make_identity_tensor(Shape<Int<64>, Int<Traits::kVHalfDims>>{});
@@ -466,8 +561,12 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
   for (int i = 0; i < 2; ++i) row_of[i] = get<0>(cS_rc(i, 0));
   const bool row_leader = (lane % 4) == 0;  // one of the 4 threads sharing a row writes stats
   const float sl2 = p.scale_log2;
+  // The part of a stage this warpgroup hands back after its PV: V left (WG0) or V right (WG1);
+  // and the RoPE piece of the other warpgroup's stage, after reading the P stored there.
+  const int my_v_part = wg == 0 ? Traits::kPartL : Traits::kPartR;
 
-  int tile = 0;  // tiles consumed so far by this CTA (stage = tile & 1)
+  const Tracer trace(p, wg, t == 0);
+  int pair = 0;  // pairs consumed so far by this CTA: the phase of both stages' barriers
   for (int r = begin_req; r <= last_req; ++r) {
     const RequestPiece piece = request_piece(p, r, begin_req, begin_tok, last_req, end_tok);
     const int n_tiles = piece.num_tiles();
@@ -494,104 +593,148 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
     float l_run[2] = {0.f, 0.f};  // this thread's share of the row sums (quad-reduced at the end)
     clear(tOrO);
 
-    for (int it = 0; it < n_tiles; ++it) {
-      const int ti = tile + it;
-      const int st = ti & 1;
-      const uint32_t phase = (ti >> 1) & 1;
-      // This warpgroup's half: keys [k0, k0 + 32); `valid` of them before the piece's end.
-      const int k0 = piece.tile_begin + it * kBlockN + wg * kHalfN;
-      const int valid = max(0, min(kHalfN, piece.tok_end - k0));
-
-      gemm_qk<Traits>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kv_bytes(st, wg)), tSrS,
-                      smem.full[st][wg], phase);
-      if (k0 + kHalfN > min_limit || k0 < piece.tok_begin) {
-        mask_tile(S, cS_rc, k0, piece.tok_begin, limit);
-      }
-      float mx[2];
+    for (int it = 0; it < n_tiles; it += 2, ++pair) {
+      const uint32_t phase = pair & 1;
+      const bool has1 = it + 1 < n_tiles;     // the pair's second tile exists
+      const bool mine = wg == 0 || has1;      // this warpgroup has a tile (stage wg) to score
+      const int k0 = piece.tile_begin + (it + wg) * kBlockN;  // its first key
+      const int valid = max(0, min(kBlockN, piece.tok_end - k0));
+      float mx[2] = {-INFINITY, -INFINITY};
+      trace.mark(pair, 0);
+      // QK1 waits for QK0: the tensor pipe then runs QK0, QK1, PV0_L, PV0_R, PV1_L, PV1_R in
+      // that order, softmax 0 hides under QK1, and every part of the next pair's tiles is freed
+      // about three PVs before its QK^T needs it (issued together, QK1' of the next pair waited
+      // for a tile released at that moment: one whole load exposed per pair, v5 run 1).
+      if (wg == 1 && p.serialize_qk) bar_sync(kBarQK0Done, 256);
+      trace.mark(pair, 1);
+      if (mine) {
+        gemm_qk<Traits>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, wg * kStageBytes), tSrS,
+                        smem.full[wg], phase);
+        trace.mark(pair, 2);  // S done
+        if (wg == 0 && p.serialize_qk) bar_arrive(kBarQK0Done, 256);
+        if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
+          mask_tile(S, cS_rc, k0, piece.tok_begin, limit);
+        }
 #pragma unroll
-      for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
+        for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
+      }
 
       if (wg == 0) {
-        // ---- WG0: softmax of half A against the running max, P_A ----
-        float scale_a[2];
+        // ---- WG0: softmax of tile 0 against the running max, P0 for itself and for WG1 ----
+        float scale0[2], base0[2], sum0[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float m_new = fmaxf(m_run[i], mx[i]);
-          const float base = m_new == -INFINITY ? 0.f : m_new * sl2;
-          scale_a[i] = exp2_approx(m_run[i] * sl2 - base);
-#pragma unroll
-          for (int j = 0; j < size<1>(S); ++j) S(i, j) = exp2_approx(S(i, j) * sl2 - base);
-          l_run[i] = l_run[i] * scale_a[i] + row_reduce<false>(S, i);
-          m_run[i] = m_new;
+          const float m0 = fmaxf(m_run[i], mx[i]);
+          base0[i] = max_base(m0, sl2);
+          scale0[i] = exp2_approx(m_run[i] * sl2 - base0[i]);
+          m_run[i] = m0;
         }
-        store_p(sP(st, 0), S, cS_rc);
-        if (row_leader) {
+        softmax_to_p<Element>(S, tSrS, base0, sl2, sum0, tOrP_own);
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            smem.row_max[st][0][row_of[i]] = m_run[i];
-            smem.row_scale[st][0][row_of[i]] = scale_a[i];
-          }
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale0[i] + sum0[i];
+        store_p(p_buffer(0), tOrP_own, t);
+        smem.max0[t] = make_float2(m_run[0], m_run[1]);
+        const bool zero = valid < kBlockN;
+        if (zero) {
+          zero_v_rows<Traits>(smem.k[0], valid, t);
+          fence_async_smem();  // the zeroed rows before the wgmmas that read them
         }
-        if (valid < kHalfN) zero_v_rows<Traits>(smem.k[st], valid, t);
-        fence_async_smem();
-        bar_arrive(kBarPAReady, 256);
-        bar_sync(kBarWg0, 128);
-        rescale_rows(O, scale_a);
-        gemm_pv(mma_pv, at_offset(tOrP, p_bytes(st, 0)), at_offset(tOrV, kv_bytes(st, 0)), tOrO);
-        wait_pv(tOrO);
-        // ---- WG0: P_B from WG1 ----
-        bar_sync(kBarPBReady, 256);
-        float scale_b[2];
+        bar_arrive(kBarP0Ready, 256);
+        trace.mark(pair, 3);  // P0 published
+        if (zero) {
+          bar_sync(kBarWg0, 128);
+        } else if constexpr (Traits::kPInKTile) {
+          // P0 before the next TMA into the RoPE piece. After the arrive: the fence (a MEMBAR)
+          // stays off WG1's path; that TMA waits for WG1 to have read P0 anyway.
+          fence_async_smem();
+        }
+        rescale_rows(O, scale0);
+        gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, 0), tOrO);
+        trace.mark(pair, 4);  // PV0_L issued
+        // ---- WG0: P1 from WG1 ----
+        bar_sync(kBarP1Ready, 256);
+        trace.mark(pair, 5);  // P1 received
+        const float4 st = smem.stats1[t];
+        if (has1) load_p(p_buffer(1), tOrP_other, t);
+        if constexpr (Traits::kPInKTile) {
+          __syncwarp();
+          release_part(&smem.empty[1][Traits::kPartRope], lane, p.cluster_size);
+        }
+        const float scale1[2] = {st.z, st.w};
+        m_run[0] = st.x;
+        m_run[1] = st.y;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          scale_b[i] = smem.row_scale[st][1][row_of[i]];
-          m_run[i] = smem.row_max[st][1][row_of[i]];
-          l_run[i] *= scale_b[i];
+        for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
+        wait_pv(tOrO, tOrP_own);
+        trace.mark(pair, 6);  // PV0_L done
+        release_part(&smem.empty[0][my_v_part], lane, p.cluster_size);
+        if (has1) {
+          rescale_rows(O, scale1);
+          gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
+          trace.mark(pair, 7);  // PV1_L issued
+          wait_pv(tOrO, tOrP_other);
         }
-        rescale_rows(O, scale_b);
-        gemm_pv(mma_pv, at_offset(tOrP, p_bytes(st, 1)), at_offset(tOrV, kv_bytes(st, 1)), tOrO);
-        wait_pv(tOrO);
+        trace.mark(pair, 8);  // PV1_L done
+        release_part(&smem.empty[1][my_v_part], lane, p.cluster_size);
       } else {
-        // ---- WG1: P_A from WG0, then softmax of half B against m_A while P_A V runs ----
-        bar_sync(kBarPAReady, 256);
-        float scale_a[2], scale_b[2];
+        // ---- WG1: P0 V0 (issued) while tile 1's softmax runs against m0 ----
+        bar_sync(kBarP0Ready, 256);
+        trace.mark(pair, 3);  // P0 received
+        const float2 m0v = smem.max0[t];
+        load_p(p_buffer(0), tOrP_other, t);
+        if constexpr (Traits::kPInKTile) {
+          __syncwarp();
+          release_part(&smem.empty[0][Traits::kPartRope], lane, p.cluster_size);
+        }
+        const float m0[2] = {m0v.x, m0v.y};
+        float scale0[2], base1[2], scale1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          scale_a[i] = smem.row_scale[st][0][row_of[i]];
-          m_run[i] = smem.row_max[st][0][row_of[i]];
+          scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
+          l_run[i] *= scale0[i];
         }
-        rescale_rows(O, scale_a);
-        gemm_pv(mma_pv, at_offset(tOrP, p_bytes(st, 0)), at_offset(tOrV, kv_bytes(st, 0)), tOrO);
+        rescale_rows(O, scale0);
+        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
+        trace.mark(pair, 4);  // PV0_R issued
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float m_new = fmaxf(m_run[i], mx[i]);
-          const float base = m_new == -INFINITY ? 0.f : m_new * sl2;
-          scale_b[i] = exp2_approx(m_run[i] * sl2 - base);
-#pragma unroll
-          for (int j = 0; j < size<1>(S); ++j) S(i, j) = exp2_approx(S(i, j) * sl2 - base);
-          l_run[i] = l_run[i] * scale_a[i] * scale_b[i] + row_reduce<false>(S, i);
-          m_run[i] = m_new;
+          const float m1 = fmaxf(m0[i], mx[i]);
+          base1[i] = max_base(m1, sl2);
+          scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
+          m_run[i] = m1;
         }
-        store_p(sP(st, 1), S, cS_rc);
-        if (row_leader) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            smem.row_max[st][1][row_of[i]] = m_run[i];
-            smem.row_scale[st][1][row_of[i]] = scale_b[i];
-          }
+        if (mine) {
+          softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP_own);
+          store_p(p_buffer(1), tOrP_own, t);
         }
-        if (valid < kHalfN) zero_v_rows<Traits>(smem.k[st] + Traits::kHalfElems, valid, t);
-        fence_async_smem();
-        bar_arrive(kBarPBReady, 256);
-        bar_sync(kBarWg1, 128);
-        wait_pv(tOrO);
-        rescale_rows(O, scale_b);
-        gemm_pv(mma_pv, at_offset(tOrP, p_bytes(st, 1)), at_offset(tOrV, kv_bytes(st, 1)), tOrO);
-        wait_pv(tOrO);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale1[i] + sum1[i];
+        smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
+        const bool zero = mine && valid < kBlockN;
+        if (zero) {
+          zero_v_rows<Traits>(smem.k[1], valid, t);
+          fence_async_smem();
+        }
+        bar_arrive(kBarP1Ready, 256);
+        trace.mark(pair, 5);  // P1 published
+        if (zero) {
+          bar_sync(kBarWg1, 128);
+        } else if constexpr (Traits::kPInKTile) {
+          fence_async_smem();  // P1 before the next TMA into the RoPE piece (as for P0)
+        }
+        wait_pv(tOrO, tOrP_other);
+        trace.mark(pair, 6);  // PV0_R done
+        release_part(&smem.empty[0][my_v_part], lane, p.cluster_size);
+        if (mine) {
+          rescale_rows(O, scale1);
+          gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
+          trace.mark(pair, 7);  // PV1_R issued
+          wait_pv(tOrO, tOrP_own);
+        }
+        trace.mark(pair, 8);  // PV1_R done
+        release_part(&smem.empty[1][my_v_part], lane, p.cluster_size);
       }
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[st]);
     }
-    tile += n_tiles;
 
     // ---- epilogue: row sums of both warpgroups, normalise, write ----
 #pragma unroll
@@ -656,17 +799,22 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int g = 0; g < Traits::kPieceGroups; ++g) {
-          cutlass::arch::ClusterBarrier::init(&smem.full[s][h][g], 1);
-        }
+      for (int part = 0; part < Traits::kNumParts; ++part) {
+        cutlass::arch::ClusterBarrier::init(&smem.full[s][part], 1);
+        // lane 0 of 4 warps of every CTA of the cluster
+        cutlass::arch::ClusterBarrier::init(&smem.empty[s][part], 4 * params.cluster_size);
       }
-      cutlass::arch::ClusterBarrier::init(&smem.empty[s], 8);  // lane 0 of the 8 compute warps
     }
     cutlass::arch::fence_barrier_init();
   }
+  // The partner CTA multicasts into this CTA's smem and arrives on its barriers: both CTAs'
+  // barriers are initialised before either starts, and neither exits before both are done.
+  const bool clustered = params.cluster_size > 1;
   __syncthreads();
+  if (clustered) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  }
   // The combine grid may launch now; it waits for this grid to finish before reading partials.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
@@ -691,6 +839,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     consume<Traits>(params, smem, wg, thread, blockIdx.x, blockIdx.y, m[0], m[1], m[2], m[3],
                     m[4]);
   }
+  if (clustered) {
+    // Not the .aligned forms: the producer warp's lanes arrive here at different times.
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+  }
 }
 
 }  // namespace openmla::cuda::sm90
@@ -708,8 +860,41 @@ cudaError_t launch_dense_decode_kernel(const DenseDecodeParams& params, int num_
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (attr_error != cudaSuccess) return attr_error;
   const dim3 grid(num_m_blocks, h_kv, num_sm_parts);
-  kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(params);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(Traits::kNumThreads);
+  config.dynamicSmemBytes = Traits::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  if (params.cluster_size == 2 && num_m_blocks % 2 == 0) {
+    // The schedule assumes every CTA of the grid is resident at once (one wave): a GPU that
+    // cannot hold that many 2-CTA clusters side by side gets the unclustered kernel.
+    static int max_clusters = -1;
+    if (max_clusters < 0) {
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config) != cudaSuccess) {
+        max_clusters = 0;
+        (void)cudaGetLastError();
+      }
+    }
+    if (2 * max_clusters >= static_cast<int>(grid.x * grid.y * grid.z)) {
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      dense_decode_tuning().last_cluster_size = 2;
+      return cudaLaunchKernelEx(&config, kernel, params);
+    }
+  }
+  dense_decode_tuning().last_cluster_size = 1;
+  DenseDecodeParams alone = params;
+  alone.cluster_size = 1;
+  config.attrs = nullptr;
+  config.numAttrs = 0;
+  return cudaLaunchKernelEx(&config, kernel, alone);
 }
 
 }  // namespace openmla::cuda::sm90

@@ -7,12 +7,12 @@
 #include <cudaTypedefs.h>
 
 #include <cmath>
-#include <sstream>
 #include <string>
 
 #include <cute/numeric/numeric_types.hpp>
 
 #include "core/schedule.h"
+#include "core/str_cat.h"
 #include "cuda/common/combine.h"
 #include "cuda/common/decode_schedule.h"
 #include "cuda/common/sm_parts.h"
@@ -48,19 +48,13 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t s_q, int64_t h_q, int64_
 }
 
 template <typename... Parts>
-Status invalid(Parts&&... parts) {
-  std::ostringstream os;
-  os << "dense_decode: ";
-  (os << ... << parts);
-  return Status::InvalidArgument(os.str());
+Status invalid(const Parts&... parts) {
+  return Status::InvalidArgument(core::str_cat("dense_decode: ", parts...));
 }
 
 template <typename... Parts>
-Status not_implemented(Parts&&... parts) {
-  std::ostringstream os;
-  os << "dense_decode: ";
-  (os << ... << parts);
-  return Status::NotImplemented(os.str());
+Status not_implemented(const Parts&... parts) {
+  return Status::NotImplemented(core::str_cat("dense_decode: ", parts...));
 }
 
 Status cuda_error(cudaError_t err, const char* what) {
@@ -69,11 +63,9 @@ Status cuda_error(cudaError_t err, const char* what) {
 }
 
 std::string strides_string(const TensorView& t) {
-  std::ostringstream os;
-  os << "[";
-  for (int d = 0; d < t.rank; ++d) os << (d ? ", " : "") << t.strides[d];
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (int d = 0; d < t.rank; ++d) s += core::str_cat(d ? ", " : "", t.strides[d]);
+  return s + "]";
 }
 
 // Strides (elements) of every dim of size > 1 except the last are multiples of `multiple`, and
@@ -121,8 +113,8 @@ Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape
     dense = strides[d] * dims[d + 1];
   }
   void* base = shape.num_blocks > 0 && k.data != nullptr ? k.data : fallback;
-  // Boxes of 64 dims x 32 keys (one half-tile piece), or x page_size keys for smaller pages.
-  cuuint32_t box[4] = {64, static_cast<cuuint32_t>(shape.page_size < 32 ? shape.page_size : 32), 1, 1};
+  // Boxes of 64 dims x 64 keys (one tile piece), or x page_size keys for smaller pages.
+  cuuint32_t box[4] = {64, static_cast<cuuint32_t>(shape.page_size < 64 ? shape.page_size : 64), 1, 1};
   cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dtype = k.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -293,9 +285,15 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   const int m_blocks = (params.rows + 63) / 64;
   // One CTA per kv block read: evict it from L2 first. Several m-blocks share each tile.
   const DenseDecodeTuning& tuning = dense_decode_tuning();
-  const bool evict_first = tuning.evict_first >= 0 ? tuning.evict_first == 1 : m_blocks == 1;
+  // m-blocks 2i, 2i+1 share their tiles' loads (2-CTA cluster, multicast) when m_blocks is even.
+  params.cluster_size = tuning.multicast != 0 && m_blocks % 2 == 0 ? 2 : 1;
+  const bool evict_first =
+      tuning.evict_first >= 0 ? tuning.evict_first == 1 : m_blocks == params.cluster_size;
   params.cache_hint = evict_first ? 0x12F0000000000000ull : 0x1000000000000000ull;
   params.l2_prefetch_tiles = tuning.l2_prefetch_tiles > 0 ? tuning.l2_prefetch_tiles : 0;
+  params.serialize_qk = tuning.serialize_qk != 0 ? 1 : 0;
+  params.trace = tuning.trace;
+  params.trace_pairs = tuning.trace != nullptr ? tuning.trace_pairs : 0;
 
   OPENMLA_RETURN_IF_ERROR(cuda_error(
       launch_kernel(args.q.dtype, shape.d_qk, params, m_blocks, params.h_kv, parts, stream),

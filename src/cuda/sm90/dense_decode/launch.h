@@ -31,6 +31,13 @@ size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int d_v, int nu
 struct DenseDecodeTuning {
   int l2_prefetch_tiles = 0;  // tiles prefetched into L2 ahead of the TMA loads (0: measured best)
   int evict_first = -1;       // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks
+  int serialize_qk = 1;       // 1: WG1's QK^T waits for WG0's (FlashMLA's order); 0: both at once
+  // 1: pairs of m-blocks share tile loads in a 2-CTA cluster (multicast). Correct (tests) but
+  // measured slower (h_q 128, L 4096: 531 µs vs 418 without, NOTES.md v6): off by default.
+  int multicast = 0;
+  int last_cluster_size = 0;  // written by each launch: the cluster size the kernel ran with
+  long long* trace = nullptr;  // device buffer: 3 x trace_pairs x 16 clock64 stamps of CTA 0
+  int trace_pairs = 0;
 };
 DenseDecodeTuning& dense_decode_tuning();
 

@@ -1,11 +1,12 @@
 // Compile-time choices of the SM90 dense MLA decode kernel (DESIGN §2.1; NOTES.md beside this).
 //
 // A CTA serves 64 query rows (row = token * group + head-in-group, group = h_q / h_kv) of one
-// (request, kv head) and walks its schedule range of the request's keys in 64-key tiles.
-// Three warpgroups: WG0 and WG1 compute (each owns half of the 64 x 512 fp32 output, 128
-// registers a thread), WG2 is the TMA producer. Each 64-key tile is two 32-key halves (A, B) in
-// FlashMLA's "seesaw": WG0 computes S = Q K_A^T and its softmax while WG1 computes Q K_B^T; each
-// publishes its P (bf16) and row statistics in shared memory and both multiply their half of V.
+// (request, kv head) and walks its schedule range of the request's keys in pairs of 64-key
+// tiles. Three warpgroups: WG0 and WG1 compute (each owns half of the 64 x 512 fp32 output, 128
+// registers a thread), WG2 is the TMA producer. FlashMLA's "seesaw" over a pair: WG0 computes
+// S0 = Q K0^T and its softmax while WG1 computes S1 = Q K1^T; each keeps its own P in registers
+// (the A operand of a register-sourced wgmma) and hands a copy to the other through shared memory;
+// both multiply their half of V0 and V1.
 #pragma once
 
 #include <cstdint>
@@ -24,31 +25,30 @@ struct DenseDecodeTraits {
   static_assert(kHeadDimQK == 576 || kHeadDimQK == 512);
 
   static constexpr int kBlockM = 64;  // query rows per CTA: one wgmma M
-  static constexpr int kBlockN = 64;  // keys per tile (one pipeline stage)
-  // A tile is two 32-key halves: WG0 computes S for half 0 and WG1 for half 1 at the same time
-  // (the seesaw runs over the halves of one tile), so a tile is done when both PVs are and the
-  // next tile loads into the other stage meanwhile.
-  static constexpr int kHalfN = kBlockN / 2;
-  // A half is stored as pieces of 32 keys x 64 dims (4 KB, 128 B rows): one TMA box each, one
-  // transaction barrier each, so QK^T starts on the first piece that lands (fine-grained TMA).
+  static constexpr int kBlockN = 64;  // keys per tile (one pipeline stage); QK^T is m64n64k16:
+                                      // 4 KB of smem operands per 32-clock step, the 128 B/clk
+                                      // smem rate exactly (n32 needed 1.5x that: v2-v4)
+  // A tile is stored as pieces of 64 keys x 64 dims (8 KB, 128 B rows, one TMA box each), in
+  // three parts with a transaction barrier and a release barrier each: V left (pieces 0-3, dims
+  // 0-255, WG0's PV), V right (pieces 4-7, WG1's PV) and RoPE (piece 8, d 576 only). QK^T starts
+  // on the first part that lands; each part is refilled as soon as its last reader is done.
   static constexpr int kPieceDims = 64;
   static constexpr int kNumPieces = kHeadDimQK / kPieceDims;  // 9 (d 576) or 8 (d 512)
   static constexpr int kNumVPieces = kHeadDimV / kPieceDims;  // 8
-  // Barriers per (stage, half): groups of 3 pieces. Per piece (9 waits and wgmma fences per QK^T)
-  // cost more than streaming the first piece early gains once the next tile loads during this one.
-  static constexpr int kPiecesPerGroup = 3;
-  static constexpr int kPieceGroups = (kNumPieces + kPiecesPerGroup - 1) / kPiecesPerGroup;
-  static constexpr int kPieceElems = kHalfN * kPieceDims;     // 2048
-  static constexpr int kPieceBytes = kPieceElems * 2;         // 4 KB
-  static constexpr int kHalfElems = kHalfN * kHeadDimQK;
+  static constexpr int kPartL = 0, kPartR = 1, kPartRope = 2;
+  static constexpr int kNumParts = kNumPieces > kNumVPieces ? 3 : 2;
+  static constexpr int kPieceElems = kBlockN * kPieceDims;  // 4096
+  static constexpr int kPieceBytes = kPieceElems * 2;       // 8 KB
   static constexpr int kTileElems = kBlockN * kHeadDimQK;
-  static constexpr int kQPieceElems = kBlockM * kPieceDims;   // Q pieces: 64 rows x 64 dims
-  // Q (72 KB) + 2 K tiles (144 KB) leave no room for P buffers at d 576 (227 KB limit), but
-  // a half's RoPE piece (dims 512..575) is dead once that half's QK^T is done and is exactly the
-  // size of its P (64 rows x 32 keys x 2 B): P lives there. At d 512 P gets buffers of its own.
+  static constexpr int kQPieceElems = kBlockM * kPieceDims;  // Q pieces: 64 rows x 64 dims
+  // P (64 rows x 64 keys, 8 KB as Element) crosses between the warpgroups thread-major (thread t
+  // of WG1 holds the same accumulator rows/columns as thread t of WG0). Q (72 KB) + 2 tiles
+  // (144 KB) leave no room for P buffers at d 576 (227 KB), but a tile's RoPE piece is dead once
+  // its QK^T is done and is exactly P's size: P lives there. At d 512 P gets buffers of its own.
   static constexpr bool kPInKTile = kNumPieces > kNumVPieces;
-  static constexpr int kPElems = kBlockM * kHalfN;
-  static constexpr int kStages = 2;
+  static constexpr int kPBytes = kBlockM * kBlockN * 2;
+  static_assert(kPBytes == kPieceBytes);
+  static constexpr int kStages = 2;  // the two tiles of a pair
 
   static constexpr int kNumMmaThreads = 256;  // WG0 + WG1
   static constexpr int kNumThreads = 384;     // + producer WG2
@@ -58,48 +58,49 @@ struct DenseDecodeTraits {
   static constexpr int kMmaRegisters = 232;
   static constexpr int kProducerRegisters = 40;
 
-  // Q (rows, dims), K-major 128 B swizzle: piece p is the 8 KB block at p * kQPieceElems.
+  // Q (rows, dims) and a K tile (keys, dims), K-major 128 B swizzle: piece p is the 8 KB block
+  // at p * kPieceElems; row r of a piece is bytes [128 r, 128 r + 128) (chunks permuted inside).
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_K_SW128_Atom<Element>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimQK>>{}));
-  // A K half (keys, dims), K-major 128 B swizzle: piece p is the 4 KB block at p * kPieceElems.
-  using SmemLayoutKHalf = decltype(cute::tile_to_shape(
+  using SmemLayoutK = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kHalfN>, cute::Int<kHeadDimQK>>{}));
-  // P of a half (rows, keys): 64 B rows, K-major 64 B swizzle, the A operand of P V.
-  using SmemLayoutP = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW64_Atom<Element>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<kHalfN>>{}));
-  // V of a half, one warpgroup's 256 dims (dims, keys), over the same bytes as four of the
-  // half's pieces: dims contiguous (MN-major B); atoms run along keys first (8 keys x 128 B) and
-  // then along dims (one 4 KB piece per 64 dims): the K half's layout read transposed.
-  using SmemLayoutVHalf = decltype(cute::tile_to_shape(
+      cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimQK>>{}));
+  // V of a tile, one warpgroup's 256 dims (dims, keys), over the same bytes as four of the
+  // tile's pieces: dims contiguous (MN-major B); atoms run along keys first (8 keys x 128 B) and
+  // then along dims (one 8 KB piece per 64 dims): the K tile's layout read transposed.
+  using SmemLayoutV = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kVHalfDims>, cute::Int<kHalfN>>{}, cute::Step<cute::_2, cute::_1>{}));
+      cute::Shape<cute::Int<kVHalfDims>, cute::Int<kBlockN>>{}, cute::Step<cute::_2, cute::_1>{}));
+  // Only its shape matters: the register fragment of P as the A operand of P V.
+  using SmemLayoutP = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
 
-  // S_half = Q K_half^T: 64 x 32 x 16 wgmma, both operands K-major from shared memory.
+  // S = Q K^T: 64 x 64 x 16 wgmma, both operands K-major from shared memory.
   using TiledMmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kHalfN>, cute::_64>,
+                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_64>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>()));
-  // O_half += P V_half: 64 x 256 x 16 wgmma, P K-major, V MN-major.
+  // O_half += P V_half: 64 x 256 x 16 wgmma, P from registers (its accumulator order is the A
+  // fragment's order), V MN-major from shared memory.
   using TiledMmaPV = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kVHalfDims>, cute::_32>,
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kVHalfDims>, cute::_64>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
   struct SharedStorage {
     // 128 B swizzling repeats every 1024 B: every operand starts on a 1024 B boundary.
     alignas(1024) Element q[kBlockM * kHeadDimQK];
-    alignas(1024) Element k[kStages][kTileElems];  // [stage][half][piece][32 keys][64 dims]
-    alignas(1024) Element p[kPInKTile ? 1 : kStages * 2][kPInKTile ? 8 : kPElems];
-    // Row statistics published with each half's P: the running max after that half and the
-    // factor the output is rescaled by before adding that half's P V.
-    alignas(16) float row_max[kStages][2][kBlockM];
-    float row_scale[kStages][2][kBlockM];
+    alignas(1024) Element k[kStages][kTileElems];  // [stage][piece][64 keys][64 dims]
+    alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile ? 8 : kBlockM * kBlockN];
+    // Thread-major row statistics: WG0's running max after tile 0 (2 rows a thread), WG1's
+    // running max after tile 1 and the factor WG0 rescales by (m1[2], scale1[2]).
+    float2 max0[128];
+    float4 stats1[128];
     float row_sum[2][kBlockM];  // per compute warpgroup, exchanged in the epilogue
-    alignas(8) uint64_t full[kStages][2][kPieceGroups];  // TMA landed, per (stage, half, group)
-    uint64_t empty[kStages];                           // both compute warpgroups done with a tile
+    alignas(8) uint64_t full[kStages][kNumParts];   // TMA landed, per (stage, part)
+    uint64_t empty[kStages][kNumParts];             // the part's last reader is done
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + align
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");

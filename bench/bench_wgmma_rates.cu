@@ -1,0 +1,148 @@
+// Rates of the tensor-core building blocks of the SM90 dense decode kernel, measured alone:
+// S = Q K^T (m64n64k16, both operands from shared memory, 36 k-steps over d 576) and
+// O += P V (m64n256k16, P from registers, V MN-major from shared memory, 4 k-steps over 64 keys),
+// by one warpgroup or two at once, one CTA per SM, operands resident in shared memory (no loads).
+// Prints clocks per GEMM (clock64 inside the kernel) and the SM-wide rate against the ideal
+// 2048 dense bf16 FMA per clock per SM (989 TFLOP/s = 132 SMs x 1.83 GHz x 4096 FLOP/clk).
+// NOTES.md (dense_decode, v5) says what the figures decided. QK^T measured above that "ideal"
+// (~3.7k FMA/clk alone); PV at it.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "cuda/sm90/dense_decode/traits.h"
+
+namespace {
+
+using Traits = openmla::cuda::sm90::DenseDecodeTraits<cute::bfloat16_t, 576>;
+using Element = Traits::Element;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// kRole[wg]: 0 = QK^T, 1 = PV, -1 = idle.
+template <int kRole0, int kRole1>
+__global__ void __launch_bounds__(256, 1) rates_kernel(long long* clocks, int iters) {
+  using namespace cute;
+  extern __shared__ __align__(1024) char smem_raw[];
+  Element* sq = reinterpret_cast<Element*>(smem_raw);
+  Element* sk = sq + Traits::kBlockM * Traits::kHeadDimQK;
+  // Small finite values: the rates must not depend on zeros.
+  for (int i = threadIdx.x; i < 2 * 64 * 576; i += blockDim.x) {
+    sq[i] = Element(0.001f * static_cast<float>((i * 7) % 13));
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int role = wg == 0 ? kRole0 : kRole1;
+  long long elapsed = 0;
+  if (role == 0) {
+    typename Traits::TiledMmaQK mma;
+    auto thr = mma.get_thread_slice(t);
+    Tensor tSrQ = thr.partition_fragment_A(make_tensor(make_smem_ptr(sq), Traits::SmemLayoutQ{}));
+    Tensor tSrK = thr.partition_fragment_B(make_tensor(make_smem_ptr(sk), Traits::SmemLayoutK{}));
+    Tensor tSrS = partition_fragment_C(mma, Shape<_64, _64>{});
+    const long long t0 = clock64();
+    for (int it = 0; it < iters; ++it) {
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+#pragma unroll
+      for (int k = 0; k < size<2>(tSrQ); ++k) {
+        mma.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+    }
+    elapsed = clock64() - t0;
+    if (tSrS(0) == 12345.f) clocks[gridDim.x * 2] = 1;  // keep S live
+  } else if (role == 1) {
+    typename Traits::TiledMmaPV mma;
+    auto thr = mma.get_thread_slice(t);
+    Tensor tOrP = thr.partition_fragment_A(make_tensor(make_smem_ptr(sq), Traits::SmemLayoutP{}));
+    for (int i = 0; i < size(tOrP); ++i) tOrP(i) = Element(0.01f * (i % 5));
+    Tensor tOrV = thr.partition_fragment_B(
+        make_tensor(make_smem_ptr(sk + wg * 4 * Traits::kPieceElems), Traits::SmemLayoutV{}));
+    Tensor tOrO = partition_fragment_C(mma, Shape<_64, _256>{});
+    clear(tOrO);
+    const long long t0 = clock64();
+    for (int it = 0; it < iters; ++it) {
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      mma.accumulate_ = GMMA::ScaleOut::One;
+      gemm(mma, tOrP, tOrV, tOrO);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+    }
+    elapsed = clock64() - t0;
+    if (tOrO(0) == 12345.f) clocks[gridDim.x * 2] = 1;
+  }
+  if (t == 0) clocks[blockIdx.x * 2 + wg] = elapsed;
+}
+
+template <int kRole0, int kRole1>
+void measure(const char* name, int sms, long long* clocks_d) {
+  const int iters = 2000;
+  auto kernel = rates_kernel<kRole0, kRole1>;
+  const int smem = 2 * 64 * 576 * 2;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "attr");
+  kernel<<<sms, 256, smem>>>(clocks_d, 10);  // warm-up
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  kernel<<<sms, 256, smem>>>(clocks_d, iters);
+  cudaEventRecord(e1);
+  check(cudaEventSynchronize(e1), name);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, e0, e1);
+  std::vector<long long> clocks(2 * sms);
+  check(cudaMemcpy(clocks.data(), clocks_d, clocks.size() * sizeof(long long),
+                   cudaMemcpyDeviceToHost), "d2h");
+  double fma = 0.0;  // per CTA per iteration
+  const int roles[2] = {kRole0, kRole1};
+  double clk[2] = {0, 0};
+  for (int w = 0; w < 2; ++w) {
+    if (roles[w] < 0) continue;
+    for (int b = 0; b < sms; ++b) clk[w] += static_cast<double>(clocks[2 * b + w]);
+    clk[w] /= static_cast<double>(sms) * iters;
+    fma += roles[w] == 0 ? 64.0 * 64 * 576 : 64.0 * 256 * 64;
+  }
+  const double per_iter = std::max(clk[0], clk[1]);
+  const double tflops = 2.0 * fma * sms * iters / (ms * 1e-3) / 1e12;
+  std::printf("| %s | %.0f | %.0f | %.0f | %.0f%% | %.0f |\n", name, clk[0], clk[1],
+              fma / per_iter, 100.0 * fma / per_iter / 2048.0, tflops);
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  const int sms = prop.multiProcessorCount;
+  long long* clocks_d = nullptr;
+  check(cudaMalloc(&clocks_d, sizeof(long long) * (2 * sms + 1)), "malloc");
+  std::printf("## wgmma building blocks, %s (%d SMs); ideal at 2048 FMA/clk/SM: QK^T 64x64x576 "
+              "1152 clk, PV 64x256x64 512 clk\n\n", prop.name, sms);
+  std::printf("| warpgroups: roles | WG0 clk/GEMM | WG1 clk/GEMM | FMA/clk/SM | of 2048 | "
+              "TFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  measure<0, -1>("QK^T alone (SS m64n64k16 x36)", sms, clocks_d);
+  measure<0, 0>("QK^T + QK^T", sms, clocks_d);
+  measure<1, -1>("PV alone (RS m64n256k16 x4)", sms, clocks_d);
+  measure<1, 1>("PV + PV", sms, clocks_d);
+  measure<0, 1>("QK^T + PV", sms, clocks_d);
+  cudaFree(clocks_d);
+  return 0;
+}
