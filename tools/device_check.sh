@@ -228,6 +228,16 @@ else
     rm -rf "$PKG" && mkdir -p "$PKG/openmla"
     cp "$ROOT"/python/openmla/*.py "$PKG/openmla/" && cp "${ext[0]}" "$PKG/openmla/"
     export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    # The extension segfaulted here in libstdc++ number formatting (2026-12-02, NOTES of issue 4):
+    # record what it links and whether it carries libstdc++ code of its own.
+    {
+      echo "== ${ext[0]}: shared libraries"
+      ldd "${ext[0]}" 2>&1 | grep -E "stdc|gcc_s|gomp|python|cudart" || true
+      echo "== libstdc++ (std::) symbols defined in it: $(nm -D --defined-only "${ext[0]}" 2>/dev/null |
+        grep -c ' _ZNSt' || true); e.g.:"
+      nm -D --defined-only "${ext[0]}" 2>/dev/null | grep -E ' _ZNSt(6locale|7codecvt|13basic_ostream)' |
+        head -n 5 || true
+    } >>"$LOG" 2>&1
     # Two runs, GPU tests first, so a crash in one cannot hide the other's results.
     for marker in gpu "not gpu"; do
       run_step "$LOG" "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts="" -rs -m "$marker" \
