@@ -600,6 +600,20 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
       const int k0 = piece.tile_begin + (it + wg) * kBlockN;  // its first key
       const int valid = max(0, min(kBlockN, piece.tok_end - k0));
       float mx[2] = {-INFINITY, -INFINITY};
+      // The tail both warpgroups share, after their PV on tile 0 completed: hand back their V
+      // part of stage 0, rescale by e^(m0 - m1) and add P1 V1 (if tile 1 exists), hand back stage 1.
+      auto finish_pair = [&](bool has_tile1, auto& tOrP1, const float (&scale1)[2]) {
+        trace.mark(pair, 6);  // PV on tile 0 done
+        release_part(&smem.empty[0][my_v_part], lane, p.cluster_size);
+        if (has_tile1) {
+          rescale_rows(O, scale1);
+          gemm_pv(mma_pv, tOrP1, at_offset(tOrV, kStageBytes), tOrO);
+          trace.mark(pair, 7);  // PV on tile 1 issued
+          wait_pv(tOrO, tOrP1);
+        }
+        trace.mark(pair, 8);  // PV on tile 1 done
+        release_part(&smem.empty[1][my_v_part], lane, p.cluster_size);
+      };
       trace.mark(pair, 0);
       // QK1 waits for QK0: the tensor pipe then runs QK0, QK1, PV0_L, PV0_R, PV1_L, PV1_R in
       // that order, softmax 0 hides under QK1, and every part of the next pair's tiles is freed
@@ -666,16 +680,7 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
         wait_pv(tOrO, tOrP_own);
-        trace.mark(pair, 6);  // PV0_L done
-        release_part(&smem.empty[0][my_v_part], lane, p.cluster_size);
-        if (has1) {
-          rescale_rows(O, scale1);
-          gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
-          trace.mark(pair, 7);  // PV1_L issued
-          wait_pv(tOrO, tOrP_other);
-        }
-        trace.mark(pair, 8);  // PV1_L done
-        release_part(&smem.empty[1][my_v_part], lane, p.cluster_size);
+        finish_pair(has1, tOrP_other, scale1);  // PV1_L
       } else {
         // ---- WG1: P0 V0 (issued) while tile 1's softmax runs against m0 ----
         bar_sync(kBarP0Ready, 256);
@@ -723,16 +728,7 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
           fence_async_smem();  // P1 before the next TMA into the RoPE piece (as for P0)
         }
         wait_pv(tOrO, tOrP_other);
-        trace.mark(pair, 6);  // PV0_R done
-        release_part(&smem.empty[0][my_v_part], lane, p.cluster_size);
-        if (mine) {
-          rescale_rows(O, scale1);
-          gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
-          trace.mark(pair, 7);  // PV1_R issued
-          wait_pv(tOrO, tOrP_own);
-        }
-        trace.mark(pair, 8);  // PV1_R done
-        release_part(&smem.empty[1][my_v_part], lane, p.cluster_size);
+        finish_pair(mine, tOrP_own, scale1);  // PV1_R
       }
     }
 
