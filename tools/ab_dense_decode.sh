@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A/B of the dense decode kernel: this tree against another commit, timed in one device run.
+# Lent H200s differ by up to ~20% on this kernel with equal copy/GEMM ceilings (dense_decode
+# NOTES.md, "Variance between lent machines"), so two versions compare only on one machine.
+#
+# Here (has git):   tools/ab_dense_decode.sh prepare REV
+#                   exports REV into .ab/<short sha>/ (git-ignored); carry ".ab" and ".deps".
+# On the device:    OUT=... tools/ab_dense_decode.sh run [s_q,h_q,seqlen ...]
+#                   builds openmla_bench_dense_decode of this tree (build-device/) and of every
+#                   exported tree (build-ab-<sha>/), then times each b = 128 shape alternately
+#                   (A B A B A B: each a flushed median of 15) and prints the median of the three.
+# Default shapes: 1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024.
+set -u -o pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 1
+
+case "${1:-}" in
+  prepare)
+    rev="${2:?usage: tools/ab_dense_decode.sh prepare REV}"
+    sha="$(git rev-parse --short "$rev")" || exit 1
+    rm -rf ".ab/$sha" && mkdir -p ".ab/$sha"
+    git archive "$sha" | tar -x -C ".ab/$sha" || exit 1
+    echo "exported $rev ($sha) into .ab/$sha; carry [\".ab\", \".deps\"]"
+    ;;
+  run)
+    shift
+    shapes=("$@")
+    [[ ${#shapes[@]} -eq 0 ]] && shapes=(1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024)
+    OUT="${OUT:-$ROOT/build-device-out}"
+    mkdir -p "$OUT"
+    LOG="$OUT/ab.txt"
+    : >"$LOG"
+    cutlass="$(ls -d "$ROOT"/.deps/cutlass-*/ 2>/dev/null | head -n 1)"
+    [[ -n "$cutlass" ]] || { echo "no .deps/cutlass-*: carry .deps" | tee -a "$LOG"; exit 1; }
+    build() {  # build SRC DIR: configure and build the dense decode benchmark only
+      cmake -S "$1" -B "$2" -G Ninja -DOPENMLA_CUDA=ON -DOPENMLA_FETCH_CUTLASS=OFF \
+        -DCUTLASS_DIR="${cutlass%/}" -DCMAKE_BUILD_TYPE=Release >>"$OUT/ab_build.log" 2>&1 &&
+        cmake --build "$2" -j "$(nproc)" --target openmla_bench_dense_decode >>"$OUT/ab_build.log" 2>&1
+    }
+    names=(this)
+    benches=("$ROOT/build-device/bench/openmla_bench_dense_decode")
+    build "$ROOT" "$ROOT/build-device" || { echo "build of this tree failed" | tee -a "$LOG"; exit 1; }
+    for dir in "$ROOT"/.ab/*/; do
+      [[ -d "$dir" ]] || continue
+      sha="$(basename "$dir")"
+      if build "$dir" "$ROOT/build-ab-$sha"; then
+        names+=("$sha")
+        benches+=("$ROOT/build-ab-$sha/bench/openmla_bench_dense_decode")
+      else
+        echo "build of $sha failed (see ab_build.log)" | tee -a "$LOG"
+      fi
+    done
+    {
+      printf '| s_q,h_q,seqlen |'
+      for n in "${names[@]}"; do printf ' %s µs (3 rounds) |' "$n"; done
+      printf '\n|---|'
+      for _ in "${names[@]}"; do printf -- '---|'; done
+      printf '\n'
+      for sh in "${shapes[@]}"; do
+        declare -A times=()
+        for round in 1 2 3; do
+          for i in "${!benches[@]}"; do
+            # the µs column of the single-shape row: | b | s_q | h_q | seqlen | µs | ...
+            us="$(OPENMLA_BENCH_SHAPE=$sh timeout 120 "${benches[$i]}" | tail -n 1 |
+              awk -F'|' '{gsub(/ /, "", $6); print $6}')"
+            times[$i]="${times[$i]:-} ${us:-nan}"
+          done
+        done
+        printf '| %s |' "$sh"
+        for i in "${!benches[@]}"; do
+          # median of the three rounds, then the rounds themselves
+          med="$(echo ${times[$i]} | tr ' ' '\n' | sort -g | sed -n 2p)"
+          printf ' %s (%s) |' "$med" "$(echo ${times[$i]} | tr ' ' ',')"
+        done
+        printf '\n'
+        unset times
+      done
+    } | tee -a "$LOG"
+    ;;
+  *)
+    sed -n '2,13p' "$0"
+    exit 2
+    ;;
+esac
