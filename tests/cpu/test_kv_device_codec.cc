@@ -169,6 +169,36 @@ TEST(KVDeviceCodec, Fp4QuotientWithoutDivisionMatchesDivision) {
   }
 }
 
+// The f16x2 encoder for bf16 sources (fp4_word_from_bf16): every bf16 it takes (|bits| < 0x7C00,
+// both signs, ±0 and subnormals included) for every scale code, against the division, each value
+// once per scale code at a nibble position that moves with it (all 8 positions × all values ×
+// all codes, 64M elements, were checked once offline: 0 differences). The host emulation of the
+// f16 arithmetic counts any operation it could not do exactly; there must be none.
+TEST(KVDeviceCodec, Fp4FromBf16MatchesDivision) {
+  std::vector<uint32_t> values;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    if ((b & 0x7FFFu) < kc::kFp4H2MaxBits) values.push_back(b);
+  }
+  const size_t n = values.size();
+  const unsigned long long inexact_before = kc::detail::h2_inexact_emulations;
+  for (uint32_t code = 0x01; code <= 0x7E; ++code) {
+    const float scale = codec::e4m3_to_float(static_cast<uint8_t>(code));
+    const kc::Fp4H2Bounds bounds = kc::fp4_h2_bounds(scale);
+    for (size_t first = code % 8; first < n; first += 8) {
+      uint32_t w[4] = {0, 0, 0, 0}, expected = 0;
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t b = values[(first + 7919 * static_cast<size_t>(i)) % n];
+        w[i / 2] |= b << (16 * (i % 2));
+        expected |= uint32_t{codec::float_to_e2m1(float_of(b << 16) / scale)} << (4 * i);
+      }
+      ASSERT_EQ(kc::fp4_word_from_bf16(w, bounds), expected)
+          << "scale code 0x" << std::hex << code << ", words 0x" << w[0] << " 0x" << w[1] << " 0x"
+          << w[2] << " 0x" << w[3];
+    }
+  }
+  EXPECT_EQ(kc::detail::h2_inexact_emulations, inexact_before);
+}
+
 // --- the lane-level token codec, one warp emulated -----------------------------------------------
 struct Target {
   KVFormat format;
@@ -231,6 +261,49 @@ void with_codec(const Target& target, F&& f) {
       return f.template operator()<kc::Codec::kFP8_MX, 512>();
     case KVFormat::kFP4:
       return f.template operator()<kc::Codec::kFP4, 512>();
+  }
+}
+
+// bf16 -> fp4 lane by lane (encode_lane_fp4_from_bf16: the f16x2 path, or the float path for
+// lanes holding inf, NaN or |x| >= 2^121) against codec::encode_token of the same bf16 values.
+TEST(KVDeviceCodec, Fp4LaneFromBf16MatchesHostEncode) {
+  Rng rng(10);
+  std::vector<std::vector<uint32_t>> tokens;  // 512 bf16 bit patterns each
+  for (const std::vector<float>& x : hard_tokens(512, rng)) {
+    std::vector<uint32_t> t(512);
+    for (int d = 0; d < 512; ++d) t[d] = kc::float_to_bf16(x[d]);
+    tokens.push_back(t);
+  }
+  const uint32_t specials[] = {0x0000u, 0x8000u, 0x7F80u, 0xFF80u, 0x7FC1u, 0xFF81u, 0x7BFFu,
+                               0x7C00u, 0xFC00u, 0x7F7Fu, 0x0001u, 0x8001u, 0x3E80u, 0xBE80u};
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<uint32_t> t(512);
+    for (int d = 0; d < 512; ++d) {
+      t[d] = trial < 20 ? static_cast<uint32_t>(rng.randint(0, 0xFFFF))  // anything
+                        : (static_cast<uint32_t>(rng.randint(0, 0x7FFF)) & 0x47FFu) |
+                              (static_cast<uint32_t>(rng.randint(0, 1)) << 15);
+      if (trial >= 40 && d % (trial - 37) == 0) t[d] = specials[(d + trial) % 14];
+    }
+    tokens.push_back(t);
+  }
+  for (bool interleaved : {false, true}) {
+    const int page = 3;
+    const KVLayout layout = test_layout(KVFormat::kFP4, page, 512, interleaved, 8);
+    for (size_t c = 0; c < tokens.size(); ++c) {
+      SCOPED_TRACE(::testing::Message() << "token " << c << (interleaved ? " interleaved" : ""));
+      const std::vector<uint32_t>& t = tokens[c];
+      std::vector<float> x(512);
+      for (int d = 0; d < 512; ++d) x[d] = kc::bf16_to_float(t[d]);
+      std::vector<uint8_t> got(layout.block_stride, 0xA5), want(layout.block_stride, 0xA5);
+      const int token = static_cast<int>(c % page);
+      codec::encode_token(layout, x.data(), want.data(), token);
+      for (int lane = 0; lane < 32; ++lane) {
+        uint32_t w[8];
+        for (int k = 0; k < 8; ++k) w[k] = t[16 * lane + 2 * k] | (t[16 * lane + 2 * k + 1] << 16);
+        kc::encode_lane_fp4_from_bf16(parts<uint8_t>(layout, got.data(), token), lane, w);
+      }
+      ASSERT_EQ(got, want);
+    }
   }
 }
 

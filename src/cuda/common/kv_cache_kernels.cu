@@ -103,6 +103,14 @@ __device__ __forceinline__ void div_mod(int64_t x, int64_t d, bool fits_32, int6
 template <Codec Src, Codec Dst, int D>
 __device__ __forceinline__ void transcode(bool have_src, const ConstTokenPtr& src,
                                           const TokenPtr& dst, int lane) {
+  if constexpr (Src == Codec::kBF16 && Dst == Codec::kFP4) {
+    // bf16 -> fp4 encodes from the source bits, two elements per f16x2 instruction (the float
+    // path was ALU/issue-bound; NOTES.md, tuning log).
+    uint32_t w[8] = {};
+    if (have_src) kvcodec::load_bytes<32>(src.data + 32 * lane, w);
+    kvcodec::encode_lane_fp4_from_bf16(dst, lane, w);
+    return;
+  }
   LaneVals v;
   if (have_src) {
     kvcodec::decode_lane<Src, D>(src, lane, v);
@@ -378,9 +386,9 @@ __global__ void __launch_bounds__(256) kv_codec_self_check_kernel(unsigned long 
   }
 }
 
-// fp4's division-free element encoders (compares, and the FMA-pipe count) against the division,
-// for scale code blockIdx.y + 1 (every positive finite e4m3 code, 0x01..0x7E) and all 2^32
-// floats. Input recorded as code << 32 | float bits.
+// fp4's division-free element encoders (compares, the FMA-pipe count, and the f16x2 count on the
+// bf16 values) against the division, for scale code blockIdx.y + 1 (every positive finite e4m3
+// code, 0x01..0x7E) and all 2^32 floats. Input recorded as code << 32 | float bits.
 __global__ void __launch_bounds__(256) kv_codec_fp4_check_kernel(unsigned long long* results) {
   namespace kc = kvcodec;
   const uint32_t code = blockIdx.y + 1;
@@ -397,6 +405,15 @@ __global__ void __launch_bounds__(256) kv_codec_fp4_check_kernel(unsigned long l
                               ((static_cast<uint32_t>(u) >> 28) & 8u);
     if (kc::e2m1_of_quotient(x, bounds) != expected || (x == x && sat_code != expected)) {
       record_mismatch(results, 5, (uint64_t{code} << 32) | u);
+    }
+    // The f16x2 encoder for bf16 sources, on every bf16 it takes, in all eight nibbles.
+    if (u < 0x10000u && (u & 0x7FFFu) < kc::kFp4H2MaxBits) {
+      const uint32_t pair = static_cast<uint32_t>(u) * 0x10001u;
+      const uint32_t w[4] = {pair, pair, pair, pair};
+      const uint32_t want = kc::float_to_e2m1(__fdiv_rn(__uint_as_float(pair << 16), scale));
+      if (kc::fp4_word_from_bf16(w, kc::fp4_h2_bounds(scale)) != want * 0x11111111u) {
+        record_mismatch(results, 5, (uint64_t{code} << 32) | u);
+      }
     }
   }
 }

@@ -339,6 +339,170 @@ OPENMLA_HD uint32_t fp4_word_no_nan(const float* x, const Fp4SatBounds& b) {
   return w;
 }
 
+// --- fp4 from bf16, two elements per instruction ---------------------------------------------
+// For a bf16 source the bound count runs on f16x2 (HFMA2.SAT/HADD2: two elements per FMA-pipe
+// instruction) straight on the source's bits, exactly:
+//  - For a bf16 |x|, [|x| > G] = [|x| > RD_bf16(G)] (no bf16 lies in between), and RD_bf16(G) is
+//    G's upper 16 bits (G > 0 normal). Every bound's P = t * s is a bf16 (<= 7 significant bits),
+//    so the bounds are h = bits16(P) for the "q > t" midpoints and bits16(P) - 1 for the
+//    "q >= t" ones (the largest bf16 below P, as pred(P) truncated).
+//  - Nonnegative bf16 and f16 both order as their bit patterns, so [|x| > G] = [F(a) > F(h)] for
+//    a = bits16(|x|) < 0x7C00, where F reads 16 bits as an f16 (finite below 0x7C00). Lanes
+//    holding |x| >= 2^121 (bits >= 0x7C00: inf, NaN and absurdly large values) take the float
+//    path instead.
+//  - 2^-11 <= G <= 5 * 448 puts h in [0x3A00, 0x450C], F(h) in [0.75, 5.05]. With K = 2^11,
+//    sat(fma(F(a), K, -F(h) * K)) is exactly [F(a) > F(h)]: F(h) * K is an exact f16 (<= 10342),
+//    fma rounds K (F(a) - F(h)) once, which is >= K * 2^-11 = 1 when F(a) > F(h) (the f16 gap
+//    at or above 0.5 is >= 2^-11), 0 when equal, negative below; an overflow is +inf -> 1.
+//  - The multiplier is kz = ±2^11 with x's sign (one LOP3 on the raw pair), so x' * kz =
+//    |x'| * K, and kz * -2^-9 = 8 * sign - 4 adds the nibble's sign bit (±0 included).
+// Per half the seven 0/1 counts, the sign term and the bias sum to small integers (exact); two
+// registers holding elements (i, i+2) and (i+1, i+3) combine as 1024 + n_i + 16 n_{i+1}, an f16
+// whose low byte is the packed byte. Held to the float path for all 2^16 bf16 values × all 126
+// scale codes by tests/cpu (KVDeviceCodec.Fp4FromBf16MatchesDivision).
+
+// Bytes `selector` (4 nibbles, lowest first) of {hi:lo} (__byte_perm without the sign modes).
+OPENMLA_HD uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t selector) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(lo, hi, selector);
+#else
+  const uint64_t v = (uint64_t{hi} << 32) | lo;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i)
+    r |= static_cast<uint32_t>((v >> (8 * ((selector >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
+  return r;
+#endif
+}
+
+#if !defined(__CUDA_ARCH__)
+namespace detail {
+// The host emulation of the f16x2 arithmetic below: a * b + c in double, rounded once to f16.
+// It is exact where the double sum is (true for every operand the fp4 encoder uses: the products
+// have <= 22 significant bits and the sums span < 53); it counts the cases where it is not, so
+// that a test can assert none happened.
+inline unsigned long long h2_inexact_emulations = 0;
+// One f16 lane of fma.rn{.sat}.f16 on the host (f16 NaN operands are not emulated).
+inline uint32_t h1_fma(uint32_t a, uint32_t b, uint32_t c, bool sat) {
+  const double p = static_cast<double>(fp16_to_float_sw(a)) * fp16_to_float_sw(b);  // exact
+  const double z = fp16_to_float_sw(c);
+  const double s = p + z;
+  const double bb = s - p;  // TwoSum: the addition's error
+  if ((p - (s - bb)) + (z - bb) != 0.0) ++h2_inexact_emulations;
+  // Round s to the f16 grid (ulp 2^(e - 11), at least 2^-24), ties to even, then encode (exact).
+  int e = 0;
+  std::frexp(s, &e);
+  const double ulp = std::ldexp(1.0, e - 11 > -24 ? e - 11 : -24);
+  const double r = std::nearbyint(s / ulp) * ulp;
+  uint32_t h = std::fabs(r) > 65504.0 ? (r < 0 ? 0xFC00u : 0x7C00u)
+                                      : float_to_fp16_sw(static_cast<float>(r));
+  if (r == 0.0 && std::signbit(s)) h = 0x8000u;
+  if (!sat) return h;
+  const float v = fp16_to_float_sw(h);
+  return v <= 0.0f ? 0u : (v >= 1.0f ? 0x3C00u : h);
+}
+inline uint32_t h2_fma_host(uint32_t a, uint32_t b, uint32_t c, bool sat) {
+  return h1_fma(a & 0xFFFFu, b & 0xFFFFu, c & 0xFFFFu, sat) |
+         (h1_fma(a >> 16, b >> 16, c >> 16, sat) << 16);
+}
+}  // namespace detail
+#endif
+
+// f16x2 a * b + c (rounded once), saturated to [0, 1] (NaN -> +0).
+OPENMLA_HD uint32_t h2_fma_sat(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("fma.rn.sat.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  return detail::h2_fma_host(a, b, c, true);
+#endif
+}
+OPENMLA_HD uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  return detail::h2_fma_host(a, b, c, false);
+#endif
+}
+OPENMLA_HD uint32_t h2_add(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return detail::h2_fma_host(a, 0x3C003C00u, b, false);  // a * 1 + b
+#endif
+}
+
+// Largest |x| bits of 16 bf16 (8 words): the unsigned max of each half shifted left by one drops
+// the sign (a low half's sign lands in the high half's bit 0, below the 15 bits compared).
+OPENMLA_HD uint32_t max_abs_bits_bf16x16(const uint32_t (&w)[8]) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t m1 = __vimax3_u16x2(w[0] << 1, w[1] << 1, w[2] << 1);
+  const uint32_t m2 = __vimax3_u16x2(w[3] << 1, w[4] << 1, w[5] << 1);
+  const uint32_t m = __vmaxu2(m2, __vimax3_u16x2(w[6] << 1, w[7] << 1, m1));
+  const uint32_t lo = (m & 0xFFFFu) >> 1, hi = m >> 17;
+  return lo > hi ? lo : hi;
+#else
+  uint32_t m = 0;
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t lo = w[k] & 0x7FFFu, hi = (w[k] >> 16) & 0x7FFFu;
+    m = lo > m ? lo : m;
+    m = hi > m ? hi : m;
+  }
+  return m;
+#endif
+}
+// |x| bits from here up take the float path (F(bits) would be inf or NaN).
+constexpr uint32_t kFp4H2MaxBits = 0x7C00u;
+
+// -F(h) * 2^11 in both halves for the seven bounds (h as in the comment above).
+struct Fp4H2Bounds {
+  uint32_t neg_gk[7];
+};
+OPENMLA_HD Fp4H2Bounds fp4_h2_bounds(float scale) {
+  constexpr float kT[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  Fp4H2Bounds b;
+  OPENMLA_UNROLL
+  for (int i = 0; i < 7; ++i) {
+    // + 11 << 10: × 2^11 (F(h) is a normal f16 and stays below 2^15); | 0x8000: negated.
+    const uint32_t pred = i & 1;  // the q >= t midpoints
+    b.neg_gk[i] = (f2u(mul_rn(kT[i], scale)) >> 16) * 0x10001u + (0xAC00AC00u - pred * 0x10001u);
+  }
+  return b;
+}
+// 1024 + n_lo + 16 n_hi per half, n = e2m1 code | sign << 3 of the elements in x (low halves)
+// and y (high nibbles); all bits < 0x7C00.
+OPENMLA_HD uint32_t fp4_byte_pairs_h2(uint32_t x, uint32_t y, const Fp4H2Bounds& b) {
+  const uint32_t kz_x = (x & 0x80008000u) | 0x68006800u;  // ±2^11
+  const uint32_t kz_y = (y & 0x80008000u) | 0x68006800u;
+  uint32_t cx[7], cy[7];
+  OPENMLA_UNROLL
+  for (int i = 0; i < 7; ++i) {
+    cx[i] = h2_fma_sat(x, kz_x, b.neg_gk[i]);
+    cy[i] = h2_fma_sat(y, kz_y, b.neg_gk[i]);
+  }
+  // kz * -2^-9 = 8 * sign - 4; y carries the bias: 16 * (68.25 - 4) + (-4) = 1024.
+  const uint32_t sx = h2_fma(kz_x, 0x98009800u, cx[6]);                       // f16 -2^-9
+  const uint32_t sy = h2_fma(kz_y, 0x98009800u, h2_add(cy[6], 0x54445444u));  // 68.25
+  const uint32_t nx =
+      h2_add(h2_add(h2_add(cx[0], cx[1]), h2_add(cx[2], cx[3])), h2_add(h2_add(cx[4], cx[5]), sx));
+  const uint32_t ny =
+      h2_add(h2_add(h2_add(cy[0], cy[1]), h2_add(cy[2], cy[3])), h2_add(h2_add(cy[4], cy[5]), sy));
+  return h2_fma(ny, 0x4C004C00u, nx);  // f16 16
+}
+// Eight fp4 elements (one data word) from four bf16x2 words, all |x| bits < kFp4H2MaxBits.
+OPENMLA_HD uint32_t fp4_word_from_bf16(const uint32_t* w, const Fp4H2Bounds& b) {
+  // Elements (4p, 4p + 2) and (4p + 1, 4p + 3): each result's halves are output bytes 2p, 2p + 1.
+  const uint32_t r0 =
+      fp4_byte_pairs_h2(byte_perm(w[0], w[1], 0x5410), byte_perm(w[0], w[1], 0x7632), b);
+  const uint32_t r1 =
+      fp4_byte_pairs_h2(byte_perm(w[2], w[3], 0x5410), byte_perm(w[2], w[3], 0x7632), b);
+  return byte_perm(r0, r1, 0x6420);
+}
+
 // --- group scales ----------------------------------------------------------------------------
 constexpr float kMinScale = 1e-4f;
 
@@ -736,6 +900,27 @@ OPENMLA_HD void encode_lane(const TokenPtr& t, int lane, const LaneVals& v, floa
     const uint32_t w[2] = {fp4_word_no_nan(x, sat_bounds), fp4_word_no_nan(x + 8, sat_bounds)};
     store_bytes<8>(t.data + 8 * lane, w);
     t.scale[lane] = static_cast<uint8_t>(scale_code);
+  }
+}
+
+// bf16 (d_qk 512) -> fp4 for lane `lane`, from the 16 source bf16 as loaded (8 words, dim 2k in
+// word k's low half): the same bytes as decode_lane<kBF16, 512> then encode_lane<kFP4, 512> (fp4's
+// group is one lane, so the lane's own finite amax is the group's). The f16x2 encoder where the
+// lane's |x| are all below 2^121 (kFp4H2MaxBits; then all are finite and the amax is the largest
+// bits), else (inf, NaN or absurd magnitudes, rare) the float path.
+OPENMLA_HD void encode_lane_fp4_from_bf16(const TokenPtr& t, int lane, const uint32_t (&w)[8]) {
+  const uint32_t max_bits = max_abs_bits_bf16x16(w);
+  if (max_bits < kFp4H2MaxBits) {
+    const uint32_t scale_code = fp4_scale_code(bf16_to_float(max_bits));
+    const Fp4H2Bounds bounds = fp4_h2_bounds(e4m3_to_float(scale_code));
+    const uint32_t out[2] = {fp4_word_from_bf16(w, bounds), fp4_word_from_bf16(w + 4, bounds)};
+    store_bytes<8>(t.data + 8 * lane, out);
+    t.scale[lane] = static_cast<uint8_t>(scale_code);
+  } else {
+    LaneVals v;
+    detail::halves_to_float<false>(w, 8, v.main);
+    v.tail[0] = v.tail[1] = 0.0f;
+    encode_lane<Codec::kFP4, 512>(t, lane, v, lane_amax<Codec::kFP4>(v, lane));
   }
 }
 
