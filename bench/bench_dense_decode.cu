@@ -358,49 +358,31 @@ int main() {
   auto& tuning = cuda::sm90::dense_decode_tuning();
   const int sweep_shapes[][3] = {{1, 16, 8192}, {1, 64, 4096}, {1, 128, 4096}, {1, 16, 1024},
                                  {1, 128, 1024}, {2, 128, 8192}};
-  const int prefetch_values[] = {0, 1, 2};  // 3-6 measured slower still (v3, NOTES.md)
+  // Columns: the defaults, then one knob changed at a time (L2 prefetch 1-6 tiles ahead measured
+  // slower in v3-v5 and is no longer swept; NOTES.md).
   if (sweep) {
-    std::printf("knob sweep, µs (b 128, rows: s_q h_q seqlen; columns: L2 prefetch tiles ahead)\n");
-    std::printf("| s_q | h_q | seqlen |");
-    for (int v : prefetch_values) std::printf(" pf %d |", v);
-    std::printf(" pf 2, evict normal | pf 0, QK^T together | pf 0, multicast |\n");
-    double best_total = 1e30;
-    int best_prefetch = tuning.l2_prefetch_tiles;
-    std::vector<double> totals(std::size(prefetch_values), 0.0);
+    std::printf("knob sweep, µs (b 128; same binary, one knob changed per column)\n");
+    std::printf("| s_q | h_q | seqlen | defaults | release late (v6 order) | QK^T together | multicast |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
     for (const auto& sh : sweep_shapes) {
-      std::printf("| %d | %d | %d |", sh[0], sh[1], sh[2]);
-      double base = 0.0;
-      for (size_t i = 0; i < std::size(prefetch_values); ++i) {
-        tuning.l2_prefetch_tiles = prefetch_values[i];
-        const double us = run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0}, buf,
-                                    copy_gbs, gemm, sweep_rng, true);
-        if (i == 0) base = us;
-        totals[i] += us / base;  // each shape weighs the same
-        std::printf(" %.1f |", us);
-      }
-      tuning.l2_prefetch_tiles = 2;
-      tuning.evict_first = 0;
-      std::printf(" %.1f |", run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0},
-                                        buf, copy_gbs, gemm, sweep_rng, true));
-      tuning.evict_first = -1;
-      tuning.l2_prefetch_tiles = 0;
+      auto time = [&] {
+        return run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0}, buf, copy_gbs,
+                         gemm, sweep_rng, true);
+      };
+      std::printf("| %d | %d | %d | %.1f |", sh[0], sh[1], sh[2], time());
+      tuning.release_early = 0;
+      std::printf(" %.1f |", time());
+      tuning.release_early = 1;
       tuning.serialize_qk = 0;
-      std::printf(" %.1f |", run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0},
-                                        buf, copy_gbs, gemm, sweep_rng, true));
+      std::printf(" %.1f |", time());
       tuning.serialize_qk = 1;
       tuning.multicast = 1;
-      const double us_multicast = run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0},
-                                            buf, copy_gbs, gemm, sweep_rng, true);
+      const double us_multicast = time();
       std::printf(" %.1f%s |\n", us_multicast,
                   tuning.last_cluster_size == 2 ? " (2-CTA clusters)" : " (unclustered)");
       tuning.multicast = 0;
     }
-    for (size_t i = 0; i < totals.size(); ++i) {
-      if (totals[i] < best_total) best_total = totals[i], best_prefetch = prefetch_values[i];
-    }
-    tuning.l2_prefetch_tiles = best_prefetch;
-    std::printf("\ngrid at L2 prefetch %d tiles ahead (best of the sweep)\n\n", best_prefetch);
-
+    std::printf("\ngrid at the defaults\n\n");
   }
   std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | FlashMLA µs · speedup |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -276,6 +276,34 @@ TEST(DenseDecode, MulticastOnAndOff) {
   tuning.multicast = saved;
 }
 
+// The release orders of DenseDecodeTuning::release_early: 0 (v6), 1 (the default: stage-0 V handed
+// back early, WG1 takes PV0_R first only when tile 1 has not landed, a choice made at run time),
+// 2 (WG1 always takes PV0_R first). Each must give the same results.
+TEST(DenseDecodeSmall, ReleaseOrders) {
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.release_early;
+  for (int order : {0, 1, 2}) {
+    tuning.release_early = order;
+    run_case({.h_q = 16, .seqlens = {37, 200, 129}, .seed = static_cast<uint64_t>(40 + order)});
+  }
+  tuning.release_early = saved;
+}
+TEST(DenseDecode, ReleaseOrders) {
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.release_early;
+  uint64_t seed = 50;
+  for (int order : {0, 1, 2}) {
+    tuning.release_early = order;
+    run_case({.h_q = 128, .seqlens = {1000, 64, 1, 257, 0}, .seed = seed++});
+    run_case({.s_q = 2, .h_q = 128, .page_size = 16, .seqlens = {300, 2, 129}, .causal = true,
+              .seed = seed++});
+    run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 32,
+              .seqlens = {515, 90}, .num_sm_parts = 3, .seed = seed++});
+    run_case({.h_q = 128, .seqlens = {4000}, .num_sm_parts = 5, .seed = seed++});
+  }
+  tuning.release_early = saved;
+}
+
 // --- dtype x head dim ---------------------------------------------------------------------------
 TEST(DenseDecode, DtypesAndHeadDims) {
   int seed = 10;

@@ -57,6 +57,20 @@ __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
 __device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// True in every thread of the `threads` using barrier `id` when `pred` holds in any of them: a
+// choice between wgmma sequences must be uniform over the warpgroup (`.sync.aligned`).
+__device__ __forceinline__ bool bar_any(uint32_t id, uint32_t threads, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n\t.reg .pred p, q;\n\t"
+      "setp.ne.u32 p, %1, 0;\n\t"
+      "bar.red.or.pred q, %2, %3, p;\n\t"
+      "selp.u32 %0, 1, 0, q;\n\t}"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 // Generic-proxy smem writes (P, Q, zeroed rows) ordered before async-proxy accesses (wgmma reads,
 // the next TMA write into the same bytes). With a memory clobber, unlike CUTLASS's
 // fence_view_async_shared: the stores before it must not sink below it.
@@ -600,28 +614,8 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
       const int k0 = piece.tile_begin + (it + wg) * kBlockN;  // its first key
       const int valid = max(0, min(kBlockN, piece.tok_end - k0));
       float mx[2] = {-INFINITY, -INFINITY};
-      // The tail both warpgroups share, after their PV on tile 0 completed: hand back their V
-      // part of stage 0, rescale by e^(m0 - m1) and add P1 V1 (if tile 1 exists), hand back stage 1.
-      auto finish_pair = [&](bool has_tile1, auto& tOrP1, const float (&scale1)[2]) {
-        trace.mark(pair, 6);  // PV on tile 0 done
-        release_part(&smem.empty[0][my_v_part], lane, p.cluster_size);
-        if (has_tile1) {
-          rescale_rows(O, scale1);
-          gemm_pv(mma_pv, tOrP1, at_offset(tOrV, kStageBytes), tOrO);
-          trace.mark(pair, 7);  // PV on tile 1 issued
-          wait_pv(tOrO, tOrP1);
-        }
-        trace.mark(pair, 8);  // PV on tile 1 done
-        release_part(&smem.empty[1][my_v_part], lane, p.cluster_size);
-      };
-      trace.mark(pair, 0);
-      // QK1 waits for QK0: the tensor pipe then runs QK0, QK1, PV0_L, PV0_R, PV1_L, PV1_R in
-      // that order, softmax 0 hides under QK1, and every part of the next pair's tiles is freed
-      // about three PVs before its QK^T needs it (issued together, QK1' of the next pair waited
-      // for a tile released at that moment: one whole load exposed per pair, v5 run 1).
-      if (wg == 1 && p.serialize_qk) bar_sync(kBarQK0Done, 256);
-      trace.mark(pair, 1);
-      if (mine) {
+      // S = Q K^T of this warpgroup's tile, masked, and its row maxima.
+      auto score = [&] {
         gemm_qk<Traits>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, wg * kStageBytes), tSrS,
                         smem.full[wg], phase);
         trace.mark(pair, 2);  // S done
@@ -631,9 +625,35 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
-      }
+      };
+      // The tail both warpgroups share, once their V part of stage 0 is handed back: rescale by
+      // e^(m0 - m1) and add P1 V1 (if tile 1 exists), hand back their V part of stage 1.
+      auto finish_pair = [&](bool has_tile1, auto& tOrP1, const float (&scale1)[2]) {
+        if (has_tile1) {
+          rescale_rows(O, scale1);
+          gemm_pv(mma_pv, tOrP1, at_offset(tOrV, kStageBytes), tOrO);
+          trace.mark(pair, 7);  // PV on tile 1 issued
+          wait_pv(tOrO, tOrP1);
+        }
+        trace.mark(pair, 8);  // PV on tile 1 done
+        release_part(&smem.empty[1][my_v_part], lane, p.cluster_size);
+      };
+      // Wait for this warpgroup's PV on tile 0, hand its V part of stage 0 back.
+      auto finish_tile0 = [&](auto& tOrP0) {
+        wait_pv(tOrO, tOrP0);
+        trace.mark(pair, 6);  // PV on tile 0 done
+        release_part(&smem.empty[0][my_v_part], lane, p.cluster_size);
+      };
+      trace.mark(pair, 0);
+      // QK1 waits for QK0: the tensor pipe then runs QK0, QK1, PV0_L, PV0_R, PV1_L, PV1_R in
+      // that order, softmax 0 hides under QK1, and every part of the next pair's tiles is freed
+      // about three PVs before its QK^T needs it (issued together, QK1' of the next pair waited
+      // for a tile released at that moment: one whole load exposed per pair, v5 run 1).
+      if (wg == 1 && p.serialize_qk) bar_sync(kBarQK0Done, 256);
+      trace.mark(pair, 1);
 
       if (wg == 0) {
+        if (mine) score();
         // ---- WG0: softmax of tile 0 against the running max, P0 for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
 #pragma unroll
@@ -665,70 +685,120 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, 0), tOrO);
         trace.mark(pair, 4);  // PV0_L issued
-        // ---- WG0: P1 from WG1 ----
-        bar_sync(kBarP1Ready, 256);
-        trace.mark(pair, 5);  // P1 received
-        const float4 st = smem.stats1[t];
-        if (has1) load_p(p_buffer(1), tOrP_other, t);
-        if constexpr (Traits::kPInKTile) {
-          __syncwarp();
-          release_part(&smem.empty[1][Traits::kPartRope], lane, p.cluster_size);
-        }
-        const float scale1[2] = {st.z, st.w};
-        m_run[0] = st.x;
-        m_run[1] = st.y;
+        // Early (v7): V0_L goes back as soon as PV0_L is done, so its refill overlaps QK1 (P1
+        // comes after QK1 and softmax 1 anyway). Late (v6): after P1 arrived. Two bodies, so
+        // each has its wgmma wait unconditionally (a wait under a branch serialises wgmmas).
+        auto take_p1 = [&](auto early) {
+          if constexpr (decltype(early)::value) finish_tile0(tOrP_own);
+          // ---- WG0: P1 from WG1 ----
+          bar_sync(kBarP1Ready, 256);
+          trace.mark(pair, 5);  // P1 received
+          const float4 st = smem.stats1[t];
+          if (has1) load_p(p_buffer(1), tOrP_other, t);
+          if constexpr (Traits::kPInKTile) {
+            __syncwarp();
+            release_part(&smem.empty[1][Traits::kPartRope], lane, p.cluster_size);
+          }
+          const float scale1[2] = {st.z, st.w};
+          m_run[0] = st.x;
+          m_run[1] = st.y;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
-        wait_pv(tOrO, tOrP_own);
-        finish_pair(has1, tOrP_other, scale1);  // PV1_L
+          for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
+          if constexpr (!decltype(early)::value) finish_tile0(tOrP_own);
+          finish_pair(has1, tOrP_other, scale1);  // PV1_L
+        };
+        if (p.release_early) {
+          take_p1(cute::true_type{});
+        } else {
+          take_p1(cute::false_type{});
+        }
       } else {
-        // ---- WG1: P0 V0 (issued) while tile 1's softmax runs against m0 ----
-        bar_sync(kBarP0Ready, 256);
-        trace.mark(pair, 3);  // P0 received
-        const float2 m0v = smem.max0[t];
-        load_p(p_buffer(0), tOrP_other, t);
-        if constexpr (Traits::kPInKTile) {
-          __syncwarp();
-          release_part(&smem.empty[0][Traits::kPartRope], lane, p.cluster_size);
-        }
-        const float m0[2] = {m0v.x, m0v.y};
-        float scale0[2], base1[2], scale1[2], sum1[2] = {0.f, 0.f};
+        // ---- WG1: P0 V0_R and the softmax of tile 1 against m0 ----
+        // P0 from WG0: rescale by e^(m - m0), issue O_R += P0 V0_R.
+        float m0[2], scale1[2];
+        auto take_p0 = [&] {
+          bar_sync(kBarP0Ready, 256);
+          trace.mark(pair, 3);  // P0 received
+          const float2 m0v = smem.max0[t];
+          load_p(p_buffer(0), tOrP_other, t);
+          if constexpr (Traits::kPInKTile) {
+            __syncwarp();
+            release_part(&smem.empty[0][Traits::kPartRope], lane, p.cluster_size);
+          }
+          m0[0] = m0v.x;
+          m0[1] = m0v.y;
+          float scale0[2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
-          l_run[i] *= scale0[i];
-        }
-        rescale_rows(O, scale0);
-        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
-        trace.mark(pair, 4);  // PV0_R issued
+          for (int i = 0; i < 2; ++i) {
+            scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
+            l_run[i] *= scale0[i];
+          }
+          rescale_rows(O, scale0);
+          gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
+          trace.mark(pair, 4);  // PV0_R issued
+        };
+        // P1 = exp(S1 - m1) for itself and WG0, with m1, e^(m0 - m1) for WG0.
+        auto publish_p1 = [&] {
+          float base1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float m1 = fmaxf(m0[i], mx[i]);
-          base1[i] = max_base(m1, sl2);
-          scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
-          m_run[i] = m1;
-        }
-        if (mine) {
-          softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP_own);
-          store_p(p_buffer(1), tOrP_own, t);
-        }
+          for (int i = 0; i < 2; ++i) {
+            const float m1 = fmaxf(m0[i], mx[i]);
+            base1[i] = max_base(m1, sl2);
+            scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
+            m_run[i] = m1;
+          }
+          if (mine) {
+            softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP_own);
+            store_p(p_buffer(1), tOrP_own, t);
+          }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale1[i] + sum1[i];
-        smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
-        const bool zero = mine && valid < kBlockN;
-        if (zero) {
-          zero_v_rows<Traits>(smem.k[1], valid, t);
-          fence_async_smem();
+          for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale1[i] + sum1[i];
+          smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
+          const bool zero = mine && valid < kBlockN;
+          if (zero) {
+            zero_v_rows<Traits>(smem.k[1], valid, t);
+            fence_async_smem();
+          }
+          bar_arrive(kBarP1Ready, 256);
+          trace.mark(pair, 5);  // P1 published
+          if (zero) {
+            bar_sync(kBarWg1, 128);
+          } else if constexpr (Traits::kPInKTile) {
+            fence_async_smem();  // P1 before the next TMA into the RoPE piece (as for P0)
+          }
+        };
+        auto body = [&](auto pv_first) {
+          if constexpr (decltype(pv_first)::value) {
+            // Tile 1 has not landed: PV0_R first, so V0_R is refilled while tile 1 arrives.
+            take_p0();
+            finish_tile0(tOrP_other);
+            if (mine) score();
+            publish_p1();
+            finish_pair(mine, tOrP_own, scale1);  // PV1_R
+          } else {
+            // QK1 first: softmax 1 then runs under PV0_R.
+            if (mine) score();
+            take_p0();
+            publish_p1();
+            finish_tile0(tOrP_other);
+            finish_pair(mine, tOrP_own, scale1);  // PV1_R
+          }
+        };
+        // Decided per pair: has the first part of tile 1 landed by the time QK0 is done? Each
+        // thread polls at its own moment, so WG1 agrees by a reduction (a per-thread choice sent
+        // warps into different wgmma sequences: hang, device run 2 of v7).
+        // (release_early 2 always takes PV0_R first: a test knob for that body.)
+        const bool pv_first =
+            p.release_early == 2 ||
+            (p.release_early == 1 &&
+             (!mine || !bar_any(kBarWg1, 128,
+                                cutlass::arch::ClusterBarrier::test_wait(&smem.full[1][0],
+                                                                         phase, 1u))));
+        if (pv_first) {
+          body(cute::true_type{});
+        } else {
+          body(cute::false_type{});
         }
-        bar_arrive(kBarP1Ready, 256);
-        trace.mark(pair, 5);  // P1 published
-        if (zero) {
-          bar_sync(kBarWg1, 128);
-        } else if constexpr (Traits::kPInKTile) {
-          fence_async_smem();  // P1 before the next TMA into the RoPE piece (as for P0)
-        }
-        wait_pv(tOrO, tOrP_other);
-        finish_pair(mine, tOrP_own, scale1);  // PV1_R
       }
     }
 

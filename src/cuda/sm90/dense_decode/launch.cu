@@ -292,6 +292,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.cache_hint = evict_first ? 0x12F0000000000000ull : 0x1000000000000000ull;
   params.l2_prefetch_tiles = tuning.l2_prefetch_tiles > 0 ? tuning.l2_prefetch_tiles : 0;
   params.serialize_qk = tuning.serialize_qk != 0 ? 1 : 0;
+  params.release_early = tuning.release_early < 0 ? 0 : (tuning.release_early > 2 ? 2 : tuning.release_early);
   params.trace = tuning.trace;
   params.trace_pairs = tuning.trace != nullptr ? tuning.trace_pairs : 0;
 
