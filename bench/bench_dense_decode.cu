@@ -7,6 +7,8 @@
 // L2 flushed by a 512 MiB memset before each of 15 runs, median; and the median of 15
 // back-to-back runs without the flush. bf16, d_qk 576, d_v 512, page 64, non-causal.
 // TFLOP/s = 2 * s_q * h_q * (keys) * (576 + 512); GB/s = keys * 1152 bytes (KV read once).
+// Last column: the SM clock NVML reports during the flushed runs, and how often the power cap
+// held it down (compute-heavy shapes can be capped; compare timings at like clocks).
 #include <cuda_runtime.h>
 #ifdef OPENMLA_BENCH_HAVE_CUBLAS
 #include <cublas_v2.h>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "cuda/sm90/dense_decode/launch.h"
+#include "gpu_clock_sampler.h"
 #include "openmla/ops.h"
 
 namespace {
@@ -92,6 +95,9 @@ struct Timer {
 constexpr size_t kFlushBytes = size_t{512} << 20;
 void* g_flush = nullptr;
 void flush_l2() { check(cudaMemsetAsync(g_flush, 0, kFlushBytes), "flush"); }
+// SM clock and power-cap state during each shape's flushed runs (the last column).
+bench::GpuClockSampler g_clock;
+bench::GpuClockSampler::Summary g_last_clock;
 
 // --- ceilings --------------------------------------------------------------------------------
 double copy_bandwidth_gbs() {
@@ -248,10 +254,12 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   for (int i = 0; i < 3; ++i) check(dense_decode(a), "dense_decode");
   check(cudaDeviceSynchronize(), "warm-up");
   std::vector<double> flushed, b2b;
+  g_clock.start();
   for (int i = 0; i < 15; ++i) {
     flush_l2();
     flushed.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
   }
+  g_last_clock = g_clock.stop();
   for (int i = 0; i < 15; ++i) b2b.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
   check(cudaDeviceSynchronize(), "bench");
   const double us = median(flushed) * 1e3, us_b2b = median(b2b) * 1e3;
@@ -260,9 +268,10 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   char anchor[64] = "";
   if (s.anchor_us > 0) std::snprintf(anchor, sizeof(anchor), "%.1f · %.2f×", s.anchor_us, s.anchor_us / us);
   if (!quiet) {
-    std::printf("| %d | %d | %d | %s | %.1f | %.1f | %.0f | %.0f | %.1f%% | %.1f%% | %s |\n", b,
-                s.s_q, s.h_q, s.label.c_str(), us, us_b2b, tflops, gbs, 100.0 * gbs / copy_gbs,
-                gemm > 0 ? 100.0 * tflops / gemm : 0.0, anchor);
+    std::printf("| %d | %d | %d | %s | %.1f | %.1f | %.0f | %.0f | %.1f%% | %.1f%% | %s | %s |\n",
+                b, s.s_q, s.h_q, s.label.c_str(), us, us_b2b, tflops, gbs,
+                100.0 * gbs / copy_gbs, gemm > 0 ? 100.0 * tflops / gemm : 0.0, anchor,
+                g_last_clock.text().c_str());
     std::fflush(stdout);
   }
   for (void* p : {q, out, lse, table_d, seq_d, meta_d, splits_d, ws}) cudaFree(p);
@@ -362,14 +371,15 @@ int main() {
   // slower in v3-v5 and is no longer swept; NOTES.md).
   if (sweep) {
     std::printf("knob sweep, µs (b 128; same binary, one knob changed per column)\n");
-    std::printf("| s_q | h_q | seqlen | defaults | release late (v6 order) | QK^T together | multicast |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf("| s_q | h_q | seqlen | defaults | release late (v6 order) | QK^T together | multicast | SM clock (defaults) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
     for (const auto& sh : sweep_shapes) {
       auto time = [&] {
         return run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0}, buf, copy_gbs,
                          gemm, sweep_rng, true);
       };
       std::printf("| %d | %d | %d | %.1f |", sh[0], sh[1], sh[2], time());
+      const std::string clock_defaults = g_last_clock.text();
       tuning.release_early = 0;
       std::printf(" %.1f |", time());
       tuning.release_early = 1;
@@ -378,14 +388,15 @@ int main() {
       tuning.serialize_qk = 1;
       tuning.multicast = 1;
       const double us_multicast = time();
-      std::printf(" %.1f%s |\n", us_multicast,
-                  tuning.last_cluster_size == 2 ? " (2-CTA clusters)" : " (unclustered)");
+      std::printf(" %.1f%s | %s |\n", us_multicast,
+                  tuning.last_cluster_size == 2 ? " (2-CTA clusters)" : " (unclustered)",
+                  clock_defaults.c_str());
       tuning.multicast = 0;
     }
     std::printf("\ngrid at the defaults\n\n");
   }
-  std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | FlashMLA µs · speedup |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | FlashMLA µs · speedup | SM clock (flushed runs) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(1234);
   for (int s_q : {1, 2}) {
     for (int h_q : {16, 32, 64, 128}) {
