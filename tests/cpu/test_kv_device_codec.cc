@@ -265,7 +265,9 @@ void with_codec(const Target& target, F&& f) {
 }
 
 // bf16 -> fp4 lane by lane (encode_lane_fp4_from_bf16: the f16x2 path, or the float path for
-// lanes holding inf, NaN or |x| >= 2^121) against codec::encode_token of the same bf16 values.
+// lanes holding inf, NaN or |x| >= 2^121) against codec::encode_token of the same bf16 values,
+// with a warp per token (32 lanes, one group each) and a half-warp per token (16 lanes, groups
+// lane and lane + 16: the convert kernel's layout).
 TEST(KVDeviceCodec, Fp4LaneFromBf16MatchesHostEncode) {
   Rng rng(10);
   std::vector<std::vector<uint32_t>> tokens;  // 512 bf16 bit patterns each
@@ -294,15 +296,22 @@ TEST(KVDeviceCodec, Fp4LaneFromBf16MatchesHostEncode) {
       const std::vector<uint32_t>& t = tokens[c];
       std::vector<float> x(512);
       for (int d = 0; d < 512; ++d) x[d] = kc::bf16_to_float(t[d]);
-      std::vector<uint8_t> got(layout.block_stride, 0xA5), want(layout.block_stride, 0xA5);
+      std::vector<uint8_t> want(layout.block_stride, 0xA5);
       const int token = static_cast<int>(c % page);
       codec::encode_token(layout, x.data(), want.data(), token);
+      std::vector<uint8_t> src(1024);  // the bf16 row as stored (little-endian)
+      for (int d = 0; d < 512; ++d) src[2 * d] = t[d] & 0xFFu, src[2 * d + 1] = t[d] >> 8;
+      std::vector<uint8_t> got32(layout.block_stride, 0xA5), got16(layout.block_stride, 0xA5);
       for (int lane = 0; lane < 32; ++lane) {
-        uint32_t w[8];
-        for (int k = 0; k < 8; ++k) w[k] = t[16 * lane + 2 * k] | (t[16 * lane + 2 * k + 1] << 16);
-        kc::encode_lane_fp4_from_bf16(parts<uint8_t>(layout, got.data(), token), lane, w);
+        kc::transcode_lane_fp4_from_bf16<32>(src.data(),
+                                             parts<uint8_t>(layout, got32.data(), token), lane);
       }
-      ASSERT_EQ(got, want);
+      for (int lane = 0; lane < 16; ++lane) {
+        kc::transcode_lane_fp4_from_bf16<16>(src.data(),
+                                             parts<uint8_t>(layout, got16.data(), token), lane);
+      }
+      ASSERT_EQ(got32, want);
+      ASSERT_EQ(got16, want);
     }
   }
 }

@@ -11,7 +11,8 @@
 //  - gather: the same grid into fp32/bf16 rows (invalid slot -> zeros), from caches holding
 //    tokens, the 0xFF sentinel and blocks of random bytes: floats compared as bits.
 //  - convert: every format pair of one d_qk, four layout pairings, the three page sizes, whole
-//    cache and block lists (int32/int64, with -1 and out-of-range ids, which the GPU skips).
+//    cache and block lists (int32/int64, with -1 and out-of-range ids, which the GPU skips);
+//    bf16 512 -> fp4 (two tokens per warp) also at page sizes 3 and 5 and odd token counts.
 //  - the hardware conversion fast paths against the portable ones on all 2^32 floats.
 //  - CUDA-graph capture of an append and a conversion; the public entry points.
 // Tests named *Small* are tiny and run under compute-sanitizer too.
@@ -516,6 +517,26 @@ TEST(KVCacheKernels, ConvertMatchesHostDecodeThenEncodeEveryPair) {
   }
   std::printf("  convert: %d cases, every byte of every dst cache equal to decode + encode\n",
               cases);
+}
+
+// bf16 512 -> fp4 converts two tokens per warp, a half-warp each: odd page sizes put a warp's two
+// tokens in different blocks (or one in a skipped block), the odd layout gives them different
+// alignments, and odd token counts leave the last warp's second half without a token.
+TEST(KVCacheKernels, ConvertBf16ToFp4TwoTokensPerWarp) {
+  const Target from{KVFormat::kBF16, 512}, to{KVFormat::kFP4, 512};
+  uint64_t seed = 9000;
+  const std::pair<LayoutKind, LayoutKind> pairings[] = {
+      {LayoutKind::kDefault, LayoutKind::kDefault}, {LayoutKind::kOdd, LayoutKind::kOdd}};
+  for (const auto& [src_kind, dst_kind] : pairings) {
+    for (int page : {1, 3, 5}) {
+      for (int64_t num_blocks : {3, 7}) {
+        for (int lists = 0; lists < 3; ++lists) {
+          run_convert({from, to, src_kind, dst_kind, page, lists, num_blocks, seed++});
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  }
 }
 
 // --- scalar fast paths -------------------------------------------------------------------------

@@ -98,17 +98,28 @@ __device__ __forceinline__ void div_mod(int64_t x, int64_t d, bool fits_32, int6
   }
 }
 
-// One token: decode `src` (zeros when !have_src), reduce the scale groups' amax, encode `dst`.
-// Every lane of the warp must call it (the shuffles use the full mask).
+// Tokens a warp converts at a time, 32 / that many lanes each. Two for bf16 512 -> fp4, the one
+// issue-bound conversion: its lanes hold whole fp4 groups (no shuffles), so a half-warp per token
+// shares the loop's index and address math between two tokens and puts both tokens' loads in
+// flight at once (NOTES.md, tuning log, Change 3). One for every other pair.
 template <Codec Src, Codec Dst, int D>
+constexpr int convert_tokens_per_warp() {
+  return Src == Codec::kBF16 && Dst == Codec::kFP4 ? 2 : 1;
+}
+
+// One token: decode `src` (zeros when !have_src), reduce the scale groups' amax, encode `dst`.
+// kLanes lanes share the token (`lane` < kLanes); all 32 unless the codec pair needs no shuffles
+// (convert_tokens_per_warp). Every lane of the warp must call it (the shuffles use the full mask).
+template <Codec Src, Codec Dst, int D, int kLanes = 32>
 __device__ __forceinline__ void transcode(bool have_src, const ConstTokenPtr& src,
                                           const TokenPtr& dst, int lane) {
-  if constexpr (Src == Codec::kBF16 && Dst == Codec::kFP4) {
+  constexpr bool kBf16ToFp4 = Src == Codec::kBF16 && Dst == Codec::kFP4;
+  static_assert(kLanes == 32 || kBf16ToFp4, "only bf16 -> fp4 shares a warp between tokens");
+  if constexpr (kBf16ToFp4) {
     // bf16 -> fp4 encodes from the source bits, two elements per f16x2 instruction (the float
-    // path was ALU/issue-bound; NOTES.md, tuning log).
-    uint32_t w[8] = {};
-    if (have_src) kvcodec::load_bytes<32>(src.data + 32 * lane, w);
-    kvcodec::encode_lane_fp4_from_bf16(dst, lane, w);
+    // path was ALU/issue-bound; NOTES.md, tuning log). Appends and conversions only, which always
+    // have a source (gathers write dense rows).
+    kvcodec::transcode_lane_fp4_from_bf16<kLanes>(src.data, dst, lane);
     return;
   }
   LaneVals v;
@@ -130,7 +141,11 @@ __device__ __forceinline__ void transcode(bool have_src, const ConstTokenPtr& sr
   kvcodec::encode_lane<Dst, D>(dst, lane, v, amax);
 }
 
-__device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x & 31); }
+// The lane's index among the kLanes lanes that share its token (the warp's lane for 32).
+template <int kLanes = 32>
+__device__ __forceinline__ int lane_id() {
+  return static_cast<int>(threadIdx.x & (kLanes - 1));
+}
 __device__ __forceinline__ int64_t first_warp() {
   return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
 }
@@ -201,15 +216,21 @@ struct ConvertParams {
 template <Codec Src, Codec Dst, int D>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     kv_convert_kernel(const ConvertParams p) {
-  const int lane = lane_id();
+  // A warp takes kTokens consecutive tokens at a time, kLanes lanes each. With two, the halves may
+  // fall in different blocks (odd page sizes), differ in alignment, or one may be past the end:
+  // every lane keeps its own token below, and the halves simply diverge there.
+  constexpr int kTokens = convert_tokens_per_warp<Src, Dst, D>();
+  constexpr int kLanes = 32 / kTokens;
+  const int lane = lane_id<kLanes>();
   // (pair, token) of t = pair * page_size + token, stepped by the grid stride without a division
   // per token.
   const int64_t page = p.src.page_size;
+  const int64_t first = first_warp() * kTokens + lane_id() / kLanes;
   int64_t pair, token, step_pairs, step_tokens;
-  div_mod(first_warp(), page, p.tokens_fit_32, &pair, &token);
-  div_mod(warp_step(), page, p.tokens_fit_32, &step_pairs, &step_tokens);
-  for (int64_t t = first_warp(); t < p.num_tokens;
-       t += warp_step(), pair += step_pairs, token += step_tokens) {
+  div_mod(first, page, p.tokens_fit_32, &pair, &token);
+  div_mod(warp_step() * kTokens, page, p.tokens_fit_32, &step_pairs, &step_tokens);
+  for (int64_t t = first; t < p.num_tokens;
+       t += warp_step() * kTokens, pair += step_pairs, token += step_tokens) {
     if (token >= page) pair += 1, token -= page;  // token + step_tokens < 2 * page
     const int64_t src_block = p.block_lists ? index_at(p.src_blocks, pair) : pair;
     const int64_t dst_block = p.block_lists ? index_at(p.dst_blocks, pair) : pair;
@@ -217,8 +238,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         dst_block >= p.dst.num_blocks) {
       continue;  // -1 and out-of-range ids: skipped
     }
-    transcode<Src, Dst, D>(true, token_at<const uint8_t>(p.src, src_block, token),
-                           token_at<uint8_t>(p.dst, dst_block, token), lane);
+    transcode<Src, Dst, D, kLanes>(true, token_at<const uint8_t>(p.src, src_block, token),
+                                   token_at<uint8_t>(p.dst, dst_block, token), lane);
   }
 }
 
@@ -327,6 +348,8 @@ Status launch(const char* op, Kernel<Params> kernel, const Params& params, int64
       err != cudaSuccess) {
     return cuda_error(op, "cudaDeviceGetAttribute", err);
   }
+  // A warp per token: a kernel taking two per warp (convert_tokens_per_warp) may, below the
+  // resident cap, start twice the warps it needs; the spare ones exit at once.
   const int64_t wanted = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int64_t cap =
       static_cast<int64_t>(num_sms) * resident_blocks_per_sm(reinterpret_cast<const void*>(kernel));

@@ -924,4 +924,21 @@ OPENMLA_HD void encode_lane_fp4_from_bf16(const TokenPtr& t, int lane, const uin
   }
 }
 
+// bf16 (d_qk 512) -> fp4 for a token that kLanes lanes share (32: a warp, 16: a half-warp, ...):
+// lane `lane` (< kLanes) encodes the fp4 groups lane + k * kLanes, k < 32 / kLanes (group g: bf16
+// dims 16g..16g+15 at src_data + 32g, fp4 bytes 8g.., scale byte g), its loads all issued before
+// the first encode. For any kLanes a load instruction reads 32 B per lane at a 32 B stride, as
+// with a warp per token.
+template <int kLanes>
+OPENMLA_HD void transcode_lane_fp4_from_bf16(const uint8_t* src_data, const TokenPtr& dst,
+                                             int lane) {
+  static_assert(kLanes >= 1 && kLanes <= 32 && 32 % kLanes == 0, "lanes per token");
+  constexpr int kGroups = 32 / kLanes;
+  uint32_t w[kGroups][8];
+  OPENMLA_UNROLL
+  for (int k = 0; k < kGroups; ++k) load_bytes<32>(src_data + 32 * (lane + k * kLanes), w[k]);
+  OPENMLA_UNROLL
+  for (int k = 0; k < kGroups; ++k) encode_lane_fp4_from_bf16(dst, lane + k * kLanes, w[k]);
+}
+
 }  // namespace openmla::cuda::kvcodec
