@@ -356,10 +356,17 @@ OPENMLA_HD uint32_t fp4_word_no_nan(const float* x, const Fp4SatBounds& b) {
 //    at or above 0.5 is >= 2^-11), 0 when equal, negative below; an overflow is +inf -> 1.
 //  - The multiplier is kz = ±2^11 with x's sign (one LOP3 on the raw pair), so x' * kz =
 //    |x'| * K, and kz * -2^-9 = 8 * sign - 4 adds the nibble's sign bit (±0 included).
-// Per half the seven 0/1 counts, the sign term and the bias sum to small integers (exact); two
+//  - The code is found by a 3-step binary search, as e2m1_of_quotient does: c3 = [|x| > G3],
+//    c1 = [|x| > (c3 ? G5 : G1)], c0 = [|x| > one of G0, G2, G4, G6 by (c3, c1)], code =
+//    4 c3 + 2 c1 + c0. Each step's bound is picked with fmas on the 0/1 results before it
+//    (fma(c, B - A, A), nested for the last step), exact because every partial result is a bound
+//    or a difference of two bounds (all -F(h) K lie within two f16 binades of each other, so each
+//    difference is an integer multiple of the smaller one's ulp below 2^11 of them: an f16).
+// Per half the code bits, the sign term and the bias sum to small integers (exact); two
 // registers holding elements (i, i+2) and (i+1, i+3) combine as 1024 + n_i + 16 n_{i+1}, an f16
 // whose low byte is the packed byte. Held to the float path for all 2^16 bf16 values × all 126
-// scale codes by tests/cpu (KVDeviceCodec.Fp4FromBf16MatchesDivision).
+// scale codes by tests/cpu (KVDeviceCodec.Fp4FromBf16MatchesDivision; its f16 emulation also
+// asserts that no operation above rounds).
 
 // Bytes `selector` (4 nibbles, lowest first) of {hi:lo} (__byte_perm without the sign modes).
 OPENMLA_HD uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t selector) {
@@ -458,40 +465,66 @@ OPENMLA_HD uint32_t max_abs_bits_bf16x16(const uint32_t (&w)[8]) {
 // |x| bits from here up take the float path (F(bits) would be inf or NaN).
 constexpr uint32_t kFp4H2MaxBits = 0x7C00u;
 
-// -F(h) * 2^11 in both halves for the seven bounds (h as in the comment above).
+OPENMLA_HD uint32_t h2_sub(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return h2_add(a, b ^ 0x80008000u);  // a + (-b)
+#endif
+}
+
+// The binary search's f16x2 constants (each the same in both halves), from n_i = -F(h_i) * 2^11
+// for the seven bounds (h as in the comment above): step 1 compares with n3, step 2 with
+// n1 + c3 (n5 - n1), step 3 with base + c1 * step, base = n0 + c3 (n4 - n0) and step =
+// (n2 - n0) + c3 ((n6 - n4) - (n2 - n0)).
 struct Fp4H2Bounds {
-  uint32_t neg_gk[7];
+  uint32_t n3, n1, n51, n0, n40, n20, n6420;
 };
 OPENMLA_HD Fp4H2Bounds fp4_h2_bounds(float scale) {
   constexpr float kT[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-  Fp4H2Bounds b;
+  uint32_t n[7];
   OPENMLA_UNROLL
   for (int i = 0; i < 7; ++i) {
     // + 11 << 10: × 2^11 (F(h) is a normal f16 and stays below 2^15); | 0x8000: negated.
     const uint32_t pred = i & 1;  // the q >= t midpoints
-    b.neg_gk[i] = (f2u(mul_rn(kT[i], scale)) >> 16) * 0x10001u + (0xAC00AC00u - pred * 0x10001u);
+    n[i] = (f2u(mul_rn(kT[i], scale)) >> 16) * 0x10001u + (0xAC00AC00u - pred * 0x10001u);
   }
+  Fp4H2Bounds b;
+  b.n3 = n[3], b.n1 = n[1], b.n51 = h2_sub(n[5], n[1]);
+  b.n0 = n[0], b.n40 = h2_sub(n[4], n[0]), b.n20 = h2_sub(n[2], n[0]);
+  b.n6420 = h2_sub(h2_sub(n[6], n[4]), b.n20);
   return b;
+}
+// e2m1 codes (0..7, no sign) of the two elements in x as f16x2, kz = ±2^11 with x's signs.
+OPENMLA_HD uint32_t e2m1_codes_h2(uint32_t x, uint32_t kz, const Fp4H2Bounds& b) {
+  const uint32_t c3 = h2_fma_sat(x, kz, b.n3);
+  const uint32_t c1 = h2_fma_sat(x, kz, h2_fma(c3, b.n51, b.n1));
+  const uint32_t base = h2_fma(c3, b.n40, b.n0), step = h2_fma(c3, b.n6420, b.n20);
+  const uint32_t c0 = h2_fma_sat(x, kz, h2_fma(c1, step, base));
+  return h2_fma(c3, 0x44004400u, h2_fma(c1, 0x40004000u, c0));  // f16 4, 2
+}
+// (x & 0x80008000) | 0x68006800: ±2^11 with x's signs. One LOP3 with the constant in a register
+// (nvcc otherwise emits two, one per immediate).
+OPENMLA_HD uint32_t kz_of(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("lop3.b32 %0, %1, 0x80008000, %2, 0xEA;" : "=r"(d) : "r"(x), "r"(0x68006800u));
+  return d;
+#else
+  return (x & 0x80008000u) | 0x68006800u;
+#endif
 }
 // 1024 + n_lo + 16 n_hi per half, n = e2m1 code | sign << 3 of the elements in x (low halves)
 // and y (high nibbles); all bits < 0x7C00.
 OPENMLA_HD uint32_t fp4_byte_pairs_h2(uint32_t x, uint32_t y, const Fp4H2Bounds& b) {
-  const uint32_t kz_x = (x & 0x80008000u) | 0x68006800u;  // ±2^11
-  const uint32_t kz_y = (y & 0x80008000u) | 0x68006800u;
-  uint32_t cx[7], cy[7];
-  OPENMLA_UNROLL
-  for (int i = 0; i < 7; ++i) {
-    cx[i] = h2_fma_sat(x, kz_x, b.neg_gk[i]);
-    cy[i] = h2_fma_sat(y, kz_y, b.neg_gk[i]);
-  }
-  // kz * -2^-9 = 8 * sign - 4; y carries the bias: 16 * (68.25 - 4) + (-4) = 1024.
-  const uint32_t sx = h2_fma(kz_x, 0x98009800u, cx[6]);                       // f16 -2^-9
-  const uint32_t sy = h2_fma(kz_y, 0x98009800u, h2_add(cy[6], 0x54445444u));  // 68.25
-  const uint32_t nx =
-      h2_add(h2_add(h2_add(cx[0], cx[1]), h2_add(cx[2], cx[3])), h2_add(h2_add(cx[4], cx[5]), sx));
-  const uint32_t ny =
-      h2_add(h2_add(h2_add(cy[0], cy[1]), h2_add(cy[2], cy[3])), h2_add(h2_add(cy[4], cy[5]), sy));
-  return h2_fma(ny, 0x4C004C00u, nx);  // f16 16
+  const uint32_t kz_x = kz_of(x), kz_y = kz_of(y);  // ±2^11
+  // kz * -2^-9 = 8 * sign - 4 (and 16 times that for y): 1092 + (-4) + 16 * (-4) = 1024.
+  const uint32_t signs =  // f16 -2^-5, -2^-9, 1092
+      h2_fma(kz_y, 0xA800A800u, h2_fma(kz_x, 0x98009800u, 0x64446444u));
+  const uint32_t nx = h2_add(e2m1_codes_h2(x, kz_x, b), signs);
+  return h2_fma(e2m1_codes_h2(y, kz_y, b), 0x4C004C00u, nx);  // f16 16
 }
 // Eight fp4 elements (one data word) from four bf16x2 words, all |x| bits < kFp4H2MaxBits.
 OPENMLA_HD uint32_t fp4_word_from_bf16(const uint32_t* w, const Fp4H2Bounds& b) {
