@@ -306,6 +306,53 @@ void print_trace(const long long* trace_d, int pairs) {
   }
 }
 
+// Per-CTA spans of the last run (trace builds): how long each CTA ran against the whole kernel,
+// so the steady-state pair period of CTA 0's timeline can be related to the measured time.
+void print_spans(const long long* trace_d, int pairs) {
+  using cuda::sm90::kTraceMaxCtas;
+  std::vector<long long> sp(static_cast<size_t>(6) * kTraceMaxCtas);
+  check(cudaMemcpy(sp.data(), trace_d + static_cast<size_t>(3) * pairs * 16,
+                   sp.size() * sizeof(long long), cudaMemcpyDeviceToHost),
+        "d2h spans");
+  struct Cta { int id; long long start, end, clock_start, clock_end, sm, pairs; };
+  std::vector<Cta> ctas;
+  for (int c = 0; c < kTraceMaxCtas; ++c) {
+    const long long* v = &sp[6 * static_cast<size_t>(c)];
+    if (v[1] != 0) ctas.push_back({c, v[0], v[1], v[2], v[3], v[4], v[5]});
+  }
+  if (ctas.empty()) return;
+  long long first = ctas[0].start, last = ctas[0].end, last_start = ctas[0].start;
+  std::vector<double> us, us_per_pair, mhz;
+  for (const Cta& c : ctas) {
+    first = std::min(first, c.start);
+    last = std::max(last, c.end);
+    last_start = std::max(last_start, c.start);
+    us.push_back((c.end - c.start) * 1e-3);
+    if (c.pairs > 0) us_per_pair.push_back((c.end - c.start) * 1e-3 / c.pairs);
+    if (c.end > c.start) mhz.push_back(1e3 * (c.clock_end - c.clock_start) / (c.end - c.start));
+  }
+  std::vector<double> sorted = us;
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(us_per_pair.begin(), us_per_pair.end());
+  std::sort(mhz.begin(), mhz.end());
+  std::printf("\nCTA spans of the last run (globaltimer): %zu CTAs, first start to last end %.1f µs, "
+              "starts spread over %.1f µs\nCTA µs: min %.1f, median %.1f, max %.1f; µs per pair: "
+              "min %.3f, median %.3f, max %.3f\nSM clock over each CTA's run (clock64 / globaltimer): "
+              "min %.0f, median %.0f, max %.0f MHz\nslowest CTAs (id, SM, pairs, µs):",
+              ctas.size(), (last - first) * 1e-3, (last_start - first) * 1e-3, sorted.front(),
+              sorted[sorted.size() / 2], sorted.back(), us_per_pair.empty() ? 0.0 : us_per_pair.front(),
+              us_per_pair.empty() ? 0.0 : us_per_pair[us_per_pair.size() / 2],
+              us_per_pair.empty() ? 0.0 : us_per_pair.back(), mhz.empty() ? 0.0 : mhz.front(),
+              mhz.empty() ? 0.0 : mhz[mhz.size() / 2], mhz.empty() ? 0.0 : mhz.back());
+  std::sort(ctas.begin(), ctas.end(),
+            [](const Cta& a, const Cta& b) { return a.end - a.start > b.end - b.start; });
+  for (size_t i = 0; i < std::min<size_t>(5, ctas.size()); ++i) {
+    std::printf(" (%d, %lld, %lld, %.1f)", ctas[i].id, ctas[i].sm, ctas[i].pairs,
+                (ctas[i].end - ctas[i].start) * 1e-3);
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main() {
@@ -337,15 +384,23 @@ int main() {
     int trace_pairs = 0;
     if (const char* tr = std::getenv("OPENMLA_BENCH_TRACE")) {
       trace_pairs = std::atoi(tr);
-      const size_t bytes = sizeof(long long) * 3 * trace_pairs * 16;
+      const size_t bytes =
+          sizeof(long long) * (3 * trace_pairs * 16 + 6 * cuda::sm90::kTraceMaxCtas);
       check(cudaMalloc(&trace_d, bytes), "malloc trace");
       check(cudaMemset(trace_d, 0, bytes), "memset trace");
       cuda::sm90::dense_decode_tuning().trace = trace_d;
       cuda::sm90::dense_decode_tuning().trace_pairs = trace_pairs;
     }
+    // OPENMLA_BENCH_MULTICAST=1: the 2-CTA cluster variant (DenseDecodeTuning::multicast).
+    if (const char* mc = std::getenv("OPENMLA_BENCH_MULTICAST")) {
+      cuda::sm90::dense_decode_tuning().multicast = std::atoi(mc);
+    }
     run_shape({128, s_q, h_q, std::vector<int>(128, len), std::to_string(len), 0.0}, one, 4200.0,
               780.0, rng);
-    if (trace_d != nullptr) print_trace(trace_d, trace_pairs);
+    if (trace_d != nullptr) {
+      print_trace(trace_d, trace_pairs);
+      print_spans(trace_d, trace_pairs);
+    }
     return 0;
   }
 
@@ -388,10 +443,10 @@ int main() {
       tuning.serialize_qk = 1;
       tuning.multicast = 1;
       const double us_multicast = time();
-      std::printf(" %.1f%s | %s |\n", us_multicast,
-                  tuning.last_cluster_size == 2 ? " (2-CTA clusters)" : " (unclustered)",
-                  clock_defaults.c_str());
+      std::printf(" %.1f%s |", us_multicast,
+                  tuning.last_cluster_size == 2 ? " (2-CTA clusters)" : " (unclustered)");
       tuning.multicast = 0;
+      std::printf(" %s |\n", clock_defaults.c_str());
     }
     std::printf("\ngrid at the defaults\n\n");
   }

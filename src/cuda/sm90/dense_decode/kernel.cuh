@@ -520,8 +520,9 @@ __device__ __forceinline__ void load_q(const DenseDecodeParams& p, typename Trai
   }
 }
 
+// Returns the pairs it consumed (for the trace's CTA spans).
 template <class Traits>
-__device__ __forceinline__ void consume(const DenseDecodeParams& p,
+__device__ __forceinline__ int consume(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int wg, int thread,
                                         int m_block, int kv_head, int begin_req, int begin_tok,
                                         int last_req, int end_tok, int begin_split) {
@@ -843,6 +844,7 @@ __device__ __forceinline__ void consume(const DenseDecodeParams& p,
       }
     }
   }
+  return pair;
 }
 
 }  // namespace dense_decode_detail
@@ -861,6 +863,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   const int thread = threadIdx.x;
   const int wg = __shfl_sync(0xffffffffu, thread / 128, 0);
+#if defined(OPENMLA_DENSE_DECODE_TRACE)
+  long long trace_start = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(trace_start));
+  const long long trace_clock = clock64();
+#endif
   if (thread == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
@@ -902,8 +909,26 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
     int m[5];
     read_range(m);
-    consume<Traits>(params, smem, wg, thread, blockIdx.x, blockIdx.y, m[0], m[1], m[2], m[3],
-                    m[4]);
+    const int pairs = consume<Traits>(params, smem, wg, thread, blockIdx.x, blockIdx.y, m[0],
+                                      m[1], m[2], m[3], m[4]);
+#if defined(OPENMLA_DENSE_DECODE_TRACE)
+    const int cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (params.trace != nullptr && thread == 0 && cta < kTraceMaxCtas) {
+      long long end = 0;
+      unsigned sm = 0;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end));
+      asm("mov.u32 %0, %%smid;" : "=r"(sm));
+      long long* span = params.trace + (3ll * params.trace_pairs * kTraceEvents) + 6ll * cta;
+      span[0] = trace_start;
+      span[1] = end;
+      span[2] = trace_clock;
+      span[3] = clock64();
+      span[4] = sm;
+      span[5] = pairs;
+    }
+#else
+    (void)pairs;
+#endif
   }
   if (clustered) {
     // Not the .aligned forms: the producer warp's lanes arrive here at different times.

@@ -11,6 +11,8 @@
 
 namespace openmla::cuda::sm90 {
 
+constexpr int kTraceMaxCtas = 4096;  // CTAs whose spans a trace records (DenseDecodeParams::trace)
+
 // Validated arguments in, kernels out: plans the split-KV schedule into the workspace when
 // args.schedule is empty, then launches the decode kernel and (PDL) the combine. Returns
 // InvalidArgument / NotImplemented naming what it cannot serve (k_cache strides not multiples of
@@ -40,7 +42,9 @@ struct DenseDecodeTuning {
   // measured slower (h_q 128, L 4096: 531 µs vs 418 without, NOTES.md v6): off by default.
   int multicast = 0;
   int last_cluster_size = 0;  // written by each launch: the cluster size the kernel ran with
-  long long* trace = nullptr;  // device buffer: 3 x trace_pairs x 16 clock64 stamps of CTA 0
+  // device buffer: 3 x trace_pairs x 16 clock64 stamps of CTA 0, then kTraceMaxCtas x 6 CTA spans
+  // (params.h DenseDecodeParams::trace)
+  long long* trace = nullptr;
   int trace_pairs = 0;
 };
 DenseDecodeTuning& dense_decode_tuning();

@@ -46,7 +46,9 @@ struct DenseDecodeParams {
   int release_early;      // 0 v6 order, 1 stage-0 V handed back early, 2 and WG1 PV0_R always first
   int cluster_size;       // 1, or 2: m-blocks 2i, 2i+1 form a cluster sharing tile loads (multicast)
   // Timeline (clock64) of CTA (0,0,0)'s first trace_pairs pairs, [role][pair][event] with role
-  // WG0, WG1, producer and kTraceEvents events each; null: off (bench/profile only).
+  // WG0, WG1, producer and kTraceEvents events each; then, per CTA (linear block id below
+  // kTraceMaxCtas), {globaltimer at start, at end, clock64 at start, at end, SM id, pairs}. Null: off
+  // (bench/profile only; a build with OPENMLA_DENSE_DECODE_TRACE).
   long long* trace;
   int trace_pairs;
 };
