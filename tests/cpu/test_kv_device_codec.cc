@@ -13,6 +13,7 @@
 // __fdiv_rn/__fmul_rn) and the kernels' addressing; tests/gpu/test_kv_cache_kernels.cu.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -197,6 +198,40 @@ TEST(KVDeviceCodec, Fp4FromBf16MatchesDivision) {
     }
   }
   EXPECT_EQ(kc::detail::h2_inexact_emulations, inexact_before);
+}
+
+// The bf16 path's group scale and amax: fp4_scale_code_bf16 (a multiplication by RN(1/6), no
+// division, no floor) against fp4_scale_code and the host codec for every amax the path takes
+// (all bf16 below 2^121); max_abs_bf16x16 (16-bit-lane integer maxima, run here with the same
+// algorithm on emulated VIMNMX3) against a plain loop on random and special words.
+TEST(KVDeviceCodec, Fp4ScaleCodeOfBf16Amax) {
+  for (uint32_t b = 0; b < kc::kFp4H2MaxBits; ++b) {
+    const float amax = kc::bf16_to_float(b);
+    const uint32_t want = codec::fp4_scale_e4m3(amax);
+    ASSERT_EQ(kc::fp4_scale_code(amax), want) << "bf16 0x" << std::hex << b;
+    ASSERT_EQ(kc::fp4_scale_code_bf16(amax), want) << "bf16 0x" << std::hex << b;
+    ASSERT_EQ(bits_of(kc::e4m3_to_float_finite(want)), bits_of(codec::e4m3_to_float(want)));
+  }
+}
+
+TEST(KVDeviceCodec, MaxAbsBf16MatchesScalarMax) {
+  Rng rng(11);
+  const uint32_t specials[] = {0x0000u, 0x8000u, 0x0001u, 0x8001u, 0x7FFFu, 0xFFFFu,
+                               0x7C00u, 0xFC00u, 0x7BFFu, 0xFBFFu, 0x3F80u, 0xBF80u};
+  for (int trial = 0; trial < 200000; ++trial) {
+    uint32_t w[8];
+    uint32_t want = 0;
+    const int mode = trial % 4;  // random, all negative, all positive, specials mixed in
+    for (int i = 0; i < 16; ++i) {
+      uint32_t h = static_cast<uint32_t>(rng.randint(0, 0xFFFF));
+      if (mode == 1) h |= 0x8000u;
+      if (mode == 2) h &= 0x7FFFu;
+      if (mode == 3 && rng.coin()) h = specials[rng.randint(0, 11)];
+      w[i / 2] = i % 2 == 0 ? h : w[i / 2] | (h << 16);
+      want = std::max(want, h & 0x7FFFu);
+    }
+    ASSERT_EQ(bits_of(kc::max_abs_bf16x16(w)), want << 16) << "trial " << trial;
+  }
 }
 
 // --- the lane-level token codec, one warp emulated -----------------------------------------------

@@ -395,6 +395,8 @@ __global__ void __launch_bounds__(256) kv_codec_self_check_kernel(unsigned long 
                           e);
       bool bad =
           __float_as_uint(kc::e4m3_to_float(code)) != __float_as_uint(kc::e4m3_to_float_sw(code));
+      bad |= (code & 0x7Fu) != 0x7Fu && __float_as_uint(kc::e4m3_to_float_finite(code)) !=
+                                            __float_as_uint(kc::e4m3_to_float_sw(code));
       for (uint32_t i = 0; i < 4; ++i) {
         const uint32_t c = (code + i) & 0xFFu;
         bad |= __float_as_uint(kc::host_mul_e4m3(c, e[i], 1.0f)) !=
@@ -411,7 +413,9 @@ __global__ void __launch_bounds__(256) kv_codec_self_check_kernel(unsigned long 
 
 // fp4's division-free element encoders (compares, the FMA-pipe count, and the f16x2 count on the
 // bf16 values) against the division, for scale code blockIdx.y + 1 (every positive finite e4m3
-// code, 0x01..0x7E) and all 2^32 floats. Input recorded as code << 32 | float bits.
+// code, 0x01..0x7E) and all 2^32 floats. Input recorded as code << 32 | float bits. With code 1
+// also the bf16 path's group amax (VIMNMX3 on 16-bit lanes) against a plain loop on 2^24 sets of
+// words, and its scale code against fp4_scale_code for every bf16 amax it takes.
 __global__ void __launch_bounds__(256) kv_codec_fp4_check_kernel(unsigned long long* results) {
   namespace kc = kvcodec;
   const uint32_t code = blockIdx.y + 1;
@@ -435,6 +439,20 @@ __global__ void __launch_bounds__(256) kv_codec_fp4_check_kernel(unsigned long l
       const uint32_t w[4] = {pair, pair, pair, pair};
       const uint32_t want = kc::float_to_e2m1(__fdiv_rn(__uint_as_float(pair << 16), scale));
       if (kc::fp4_word_from_bf16(w, kc::fp4_h2_bounds(scale)) != want * 0x11111111u) {
+        record_mismatch(results, 5, (uint64_t{code} << 32) | u);
+      }
+    }
+    if (code == 1 && u < (1u << 24)) {
+      // Words of mixed, all-negative (u >> 22 == 1) and all-positive (2) signs.
+      uint32_t w[8], want = 0;
+      for (uint32_t k = 0; k < 8; ++k) {
+        w[k] = (static_cast<uint32_t>(u) + k * 0x01000193u) * 0x9E3779B1u;
+        w[k] = (u >> 22) == 1 ? w[k] | 0x80008000u : (u >> 22) == 2 ? w[k] & 0x7FFF7FFFu : w[k];
+        want = max(want, max(w[k] & 0x7FFFu, (w[k] >> 16) & 0x7FFFu));
+      }
+      const float amax = kc::bf16_to_float(static_cast<uint32_t>(u));
+      if (__float_as_uint(kc::max_abs_bf16x16(w)) != want << 16 ||
+          (u < kc::kFp4H2MaxBits && kc::fp4_scale_code_bf16(amax) != kc::fp4_scale_code(amax))) {
         record_mismatch(results, 5, (uint64_t{code} << 32) | u);
       }
     }

@@ -34,8 +34,9 @@ Status kv_cache_convert_on_device(const KVCacheConvertArgs& args,
 // hold to src/core/codec.cc), on this GPU: all 2^32 floats through the hardware e4m3 (both bytes
 // of a pair) and fp16 encoders, all 256 / 65536 codes through the e4m3 and fp16 decoders, and
 // fp4's division-free element encoder against e2m1(x / scale) for all 2^32 floats and all 126
-// scale codes. Writes kKVCodecChecks pairs {mismatch count, smallest mismatching input} into
-// `device_results` (2 * kKVCodecChecks uint64 in device memory, set by the launch); ~1 s.
+// scale codes (with the bf16 path's f16x2 encoder, group amax and scale code). Writes
+// kKVCodecChecks pairs {mismatch count, smallest mismatching input} into `device_results`
+// (2 * kKVCodecChecks uint64 in device memory, set by the launch); ~1 s.
 // Checks: e4m3 encode lo, e4m3 encode hi, fp16 encode, e4m3 decode, fp16 decode, fp4 encode.
 constexpr int kKVCodecChecks = 6;
 cudaError_t launch_kv_codec_self_check(unsigned long long* device_results, cudaStream_t stream);

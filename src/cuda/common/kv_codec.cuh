@@ -443,24 +443,52 @@ OPENMLA_HD uint32_t h2_add(uint32_t a, uint32_t b) {
 #endif
 }
 
-// Largest |x| bits of 16 bf16 (8 words): the unsigned max of each half shifted left by one drops
-// the sign (a low half's sign lands in the high half's bit 0, below the 15 bits compared).
-OPENMLA_HD uint32_t max_abs_bits_bf16x16(const uint32_t (&w)[8]) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t m1 = __vimax3_u16x2(w[0] << 1, w[1] << 1, w[2] << 1);
-  const uint32_t m2 = __vimax3_u16x2(w[3] << 1, w[4] << 1, w[5] << 1);
-  const uint32_t m = __vmaxu2(m2, __vimax3_u16x2(w[6] << 1, w[7] << 1, m1));
-  const uint32_t lo = (m & 0xFFFFu) >> 1, hi = m >> 17;
-  return lo > hi ? lo : hi;
-#else
-  uint32_t m = 0;
-  for (int k = 0; k < 8; ++k) {
-    const uint32_t lo = w[k] & 0x7FFFu, hi = (w[k] >> 16) & 0x7FFFu;
-    m = lo > m ? lo : m;
-    m = hi > m ? hi : m;
-  }
-  return m;
+// Per-half (16-bit lanes of a word) maxima: unsigned of three, signed of three, signed of two
+// and 0 (VIMNMX3 / VIMNMX on the GPU).
+#if !defined(__CUDA_ARCH__)
+namespace detail {
+template <typename F>
+uint32_t per_half(uint32_t a, uint32_t b, F f) {
+  return f(a & 0xFFFFu, b & 0xFFFFu) | (f(a >> 16, b >> 16) << 16);
+}
+inline uint32_t max_u16(uint32_t a, uint32_t b) { return a > b ? a : b; }
+inline uint32_t max_s16(uint32_t a, uint32_t b) {
+  return static_cast<int16_t>(a) > static_cast<int16_t>(b) ? a : b;
+}
+}  // namespace detail
 #endif
+OPENMLA_HD uint32_t max3_u16x2(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  return __vimax3_u16x2(a, b, c);
+#else
+  return detail::per_half(detail::per_half(a, b, detail::max_u16), c, detail::max_u16);
+#endif
+}
+OPENMLA_HD uint32_t max3_s16x2(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  return __vimax3_s16x2(a, b, c);
+#else
+  return detail::per_half(detail::per_half(a, b, detail::max_s16), c, detail::max_s16);
+#endif
+}
+OPENMLA_HD uint32_t max_s16x2_relu(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __vimax_s16x2_relu(a, b);
+#else
+  return detail::per_half(max3_s16x2(a, b, 0), 0, detail::max_u16);
+#endif
+}
+// Largest |x| of 16 bf16 (8 words), as a float. Per half, the unsigned max is the largest
+// negative's bits (sign set) where a negative is there, else the largest positive's; the signed
+// max with 0 is the largest positive's (or 0); the larger of the two, sign cleared, is the largest
+// |x|'s bits (|x| bits order as the floats do below the NaNs). The larger half ends up in both.
+OPENMLA_HD float max_abs_bf16x16(const uint32_t (&w)[8]) {
+  const uint32_t u = max3_u16x2(max3_u16x2(w[3], w[4], w[5]),
+                                max3_u16x2(w[6], w[7], max3_u16x2(w[0], w[1], w[2])), 0);
+  const uint32_t s = max_s16x2_relu(max3_s16x2(w[3], w[4], w[5]),
+                                    max3_s16x2(w[6], w[7], max3_s16x2(w[0], w[1], w[2])));
+  const uint32_t m = max3_u16x2(u & 0x7FFF7FFFu, s, 0);
+  return u2f(max3_u16x2(m, byte_perm(m, 0, 0x1032), 0) << 16);
 }
 // |x| bits from here up take the float path (F(bits) would be inf or NaN).
 constexpr uint32_t kFp4H2MaxBits = 0x7C00u;
@@ -472,6 +500,18 @@ OPENMLA_HD uint32_t h2_sub(uint32_t a, uint32_t b) {
   return d;
 #else
   return h2_add(a, b ^ 0x80008000u);  // a + (-b)
+#endif
+}
+
+// The upper 16 bits of x in both halves: free on the GPU, where ptxas reads it as the consuming
+// HFMA2/HADD2 operand's .H1_H1 selector.
+OPENMLA_HD uint32_t upper_half_x2(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; mov.b32 %0, {hi, hi};}" : "=r"(d) : "r"(x));
+  return d;
+#else
+  return (x >> 16) * 0x10001u;
 #endif
 }
 
@@ -487,9 +527,11 @@ OPENMLA_HD Fp4H2Bounds fp4_h2_bounds(float scale) {
   uint32_t n[7];
   OPENMLA_UNROLL
   for (int i = 0; i < 7; ++i) {
-    // + 11 << 10: × 2^11 (F(h) is a normal f16 and stays below 2^15); | 0x8000: negated.
-    const uint32_t pred = i & 1;  // the q >= t midpoints
-    n[i] = (f2u(mul_rn(kT[i], scale)) >> 16) * 0x10001u + (0xAC00AC00u - pred * 0x10001u);
+    // -P 2^88 = -t s 2^88 is exact, and its upper 16 bits are -F(h) 2^11's f16 bits: 2^88 adds
+    // 88 << 7 to the bf16 bits, which is 11 << 10 to the f16 exponent (F(h) is a normal f16 and
+    // stays below 2^15). Minus 1 for the q >= t midpoints.
+    const uint32_t pred = i & 1;
+    n[i] = upper_half_x2(f2u(mul_rn(kT[i] * -0x1p88f, scale)) - (pred << 16));
   }
   Fp4H2Bounds b;
   b.n3 = n[3], b.n1 = n[1], b.n51 = h2_sub(n[5], n[1]);
@@ -562,6 +604,31 @@ OPENMLA_HD uint32_t fp4_scale_code(float amax) {
   if (!(scale >= kMinScale)) scale = kMinScale;
   const uint32_t code = float_to_e4m3(scale);
   return code < 1u ? 1u : code;
+}
+// fp4_scale_code for a bf16 amax below 2^121 (the bf16 path's) in three instructions: e4m3(q)
+// with q = RN(amax * y), y = RN(1/6) = (1 + 2^-25) / 6, instead of the division and its floor.
+// q has amax / 6's code: amax = M 2^k with M < 2^8, so amax / 6 = (M / 3) 2^(k-1) is either a
+// dyadic of <= 7 significant bits (3 divides M), which q rounds back to exactly (the excess,
+// amax / 6 * 2^-25, is below half its ulp), or at least 2^(k-1) / 3 away from every e4m3
+// rounding midpoint near it (those are multiples of 2^(k-1)), far more than q's error; the amax
+// small enough for that to fail (bf16 subnormals) get code 1 either way. e4m3 is monotonic, so
+// the floor and max(code, 1) are e4m3(max(q, 2^-9)): code 1 is 2^-9, and every quotient below
+// 1e-4 gets code 0. Checked against fp4_scale_code for every amax it takes by tests/cpu
+// (Fp4ScaleCodeOfBf16Amax).
+OPENMLA_HD uint32_t fp4_scale_code_bf16(float amax) {
+  constexpr float kSixth = 0.16666667163372039795f;  // RN(1/6)
+  // The pair's high byte is e4m3(0) = 0; the code is < 0x7F (satfinite).
+  return float2_to_e4m3x2(max_f(mul_rn(amax, kSixth), 0x1p-9f), 0.0f);
+}
+// An e4m3 code that is not NaN (< 0x7F or 0x80..0xFE) to float, without the NaN pin.
+OPENMLA_HD float e4m3_to_float_finite(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  const __half2_raw h =  // the pair form takes b as it is (the high byte is ignored)
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(b), __NV_E4M3);
+  return __half2float(__ushort_as_half(h.x));
+#else
+  return e4m3_to_float_sw(b);
+#endif
 }
 
 // --- vector loads and stores of any alignment ------------------------------------------------
@@ -942,10 +1009,10 @@ OPENMLA_HD void encode_lane(const TokenPtr& t, int lane, const LaneVals& v, floa
 // lane's |x| are all below 2^121 (kFp4H2MaxBits; then all are finite and the amax is the largest
 // bits), else (inf, NaN or absurd magnitudes, rare) the float path.
 OPENMLA_HD void encode_lane_fp4_from_bf16(const TokenPtr& t, int lane, const uint32_t (&w)[8]) {
-  const uint32_t max_bits = max_abs_bits_bf16x16(w);
-  if (max_bits < kFp4H2MaxBits) {
-    const uint32_t scale_code = fp4_scale_code(bf16_to_float(max_bits));
-    const Fp4H2Bounds bounds = fp4_h2_bounds(e4m3_to_float(scale_code));
+  const float amax = max_abs_bf16x16(w);
+  if (f2u(amax) < kFp4H2MaxBits << 16) {
+    const uint32_t scale_code = fp4_scale_code_bf16(amax);
+    const Fp4H2Bounds bounds = fp4_h2_bounds(e4m3_to_float_finite(scale_code));
     const uint32_t out[2] = {fp4_word_from_bf16(w, bounds), fp4_word_from_bf16(w + 4, bounds)};
     store_bytes<8>(t.data + 8 * lane, out);
     t.scale[lane] = static_cast<uint8_t>(scale_code);
