@@ -4,8 +4,9 @@
 //
 // Timing as ANCHORS.md measured FlashMLA: GPU time of one schedule-less decode (the schedule is
 // planned once outside the timed region; timed = decode kernel + combine) between CUDA events,
-// L2 flushed by a 512 MiB memset before each of 15 runs, median; and the median of 15
-// back-to-back runs without the flush. bf16, d_qk 576, d_v 512, page 64, non-causal.
+// L2 flushed by an 8 GiB memset before each of 15 runs (ANCHORS.md's flush; it also lets a
+// power-capped GPU recover between runs, as it did for FlashMLA's figures), median; and the
+// median of 15 back-to-back runs without the flush. OPENMLA_BENCH_FLUSH_MB sets the flush size. bf16, d_qk 576, d_v 512, page 64, non-causal.
 // TFLOP/s = 2 * s_q * h_q * (keys) * (576 + 512); GB/s = keys * 1152 bytes (KV read once).
 // Last column: the SM clock NVML reports during the flushed runs, and how often the power cap
 // held it down (compute-heavy shapes can be capped; compare timings at like clocks).
@@ -92,9 +93,9 @@ struct Timer {
   }
 };
 
-constexpr size_t kFlushBytes = size_t{512} << 20;
+size_t g_flush_bytes = size_t{8} << 30;
 void* g_flush = nullptr;
-void flush_l2() { check(cudaMemsetAsync(g_flush, 0, kFlushBytes), "flush"); }
+void flush_l2() { check(cudaMemsetAsync(g_flush, 0, g_flush_bytes), "flush"); }
 // SM clock and power-cap state during each shape's flushed runs (the last column).
 bench::GpuClockSampler g_clock;
 bench::GpuClockSampler::Summary g_last_clock;
@@ -261,15 +262,27 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   }
   g_last_clock = g_clock.stop();
   for (int i = 0; i < 15; ++i) b2b.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
+  // The decode kernel alone (flushed; no combine, so split requests' outputs stay unwritten):
+  // how much of the time the combine takes.
+  std::vector<double> main_only;
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int skip_before = tuning.skip_combine;
+  tuning.skip_combine = 1;
+  for (int i = 0; i < 15; ++i) {
+    flush_l2();
+    main_only.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
+  }
+  tuning.skip_combine = skip_before;
   check(cudaDeviceSynchronize(), "bench");
   const double us = median(flushed) * 1e3, us_b2b = median(b2b) * 1e3;
+  const double us_main = median(main_only) * 1e3;
   const double tflops = 2.0 * s.s_q * s.h_q * double(keys) * (d + dv) / (us * 1e-6) / 1e12;
   const double gbs = double(keys) * 1152.0 / (us * 1e-6) / 1e9;
   char anchor[64] = "";
   if (s.anchor_us > 0) std::snprintf(anchor, sizeof(anchor), "%.1f · %.2f×", s.anchor_us, s.anchor_us / us);
   if (!quiet) {
-    std::printf("| %d | %d | %d | %s | %.1f | %.1f | %.0f | %.0f | %.1f%% | %.1f%% | %s | %s |\n",
-                b, s.s_q, s.h_q, s.label.c_str(), us, us_b2b, tflops, gbs,
+    std::printf("| %d | %d | %d | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f%% | %.1f%% | %s | %s |\n",
+                b, s.s_q, s.h_q, s.label.c_str(), us, us_b2b, us_main, tflops, gbs,
                 100.0 * gbs / copy_gbs, gemm > 0 ? 100.0 * tflops / gemm : 0.0, anchor,
                 g_last_clock.text().c_str());
     std::fflush(stdout);
@@ -362,7 +375,11 @@ int main() {
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   std::printf("## dense decode, %s, %s (%d SMs)\n\n", date, prop.name, prop.multiProcessorCount);
-  check(cudaMalloc(&g_flush, kFlushBytes), "malloc flush");
+  if (const char* mb = std::getenv("OPENMLA_BENCH_FLUSH_MB")) {
+    g_flush_bytes = std::max<size_t>(1, std::strtoull(mb, nullptr, 10)) << 20;
+  }
+  check(cudaMalloc(&g_flush, g_flush_bytes), "malloc flush");
+  std::printf("L2 flush before each timed run: %zu MiB memset\n\n", g_flush_bytes >> 20);
 
   // OPENMLA_BENCH_SHAPE=s_q,h_q,seqlen: that one b = 128 shape only (for a profiler run).
   if (const char* only = std::getenv("OPENMLA_BENCH_SHAPE")) {
@@ -377,7 +394,7 @@ int main() {
       one.resident_blocks = std::atoll(resident);
     }
     std::mt19937 rng(5);
-    std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | |\n");
+    std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | µs main | TFLOP/s | GB/s | of copy | of GEMM | |\n");
     // OPENMLA_BENCH_TRACE=n: the timeline of CTA 0's first n pairs (a build with
     // -DOPENMLA_DENSE_DECODE_TRACE=ON; elsewhere the stamps stay 0).
     long long* trace_d = nullptr;
@@ -395,8 +412,8 @@ int main() {
     if (const char* mc = std::getenv("OPENMLA_BENCH_MULTICAST")) {
       cuda::sm90::dense_decode_tuning().multicast = std::atoi(mc);
     }
-    run_shape({128, s_q, h_q, std::vector<int>(128, len), std::to_string(len), 0.0}, one, 4200.0,
-              780.0, rng);
+    const Shape shape{128, s_q, h_q, std::vector<int>(128, len), std::to_string(len), 0.0};
+    run_shape(shape, one, 4200.0, 780.0, rng);
     if (trace_d != nullptr) {
       print_trace(trace_d, trace_pairs);
       print_spans(trace_d, trace_pairs);
@@ -450,8 +467,8 @@ int main() {
     }
     std::printf("\ngrid at the defaults\n\n");
   }
-  std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | TFLOP/s | GB/s | of copy | of GEMM | FlashMLA µs · speedup | SM clock (flushed runs) |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| b | s_q | h_q | seqlen | µs | µs b2b | µs main | TFLOP/s | GB/s | of copy | of GEMM | FlashMLA µs · speedup | SM clock (flushed runs) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(1234);
   for (int s_q : {1, 2}) {
     for (int h_q : {16, 32, 64, 128}) {

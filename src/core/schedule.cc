@@ -11,6 +11,10 @@
 // again), each request is covered exactly once and in order, and a request with no keys lands
 // whole in one worker (one empty split).
 //
+// The whole-request plan moves each boundary x to the nearer end of the request it falls in
+// (its start when x - C_r < cost_r / 2, else its end), so no request is split; it is taken when
+// its busiest worker has at most S + overhead + combine_blocks units (schedule.h).
+//
 // Reading a worker's metadata row {begin_request, begin_token, end_request, end_token, ...}:
 // it walks requests begin_request ..= end_request (end_request inclusive), request r over tokens
 // [r == begin_request ? begin_token : 0, r == end_request ? end_token : seqlen_r), one split
@@ -18,41 +22,49 @@
 #include "core/schedule.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace openmla::core {
 
 void plan_decode_schedule_host(const int32_t* seqlens, int batch, int num_sm_parts,
-                               int block_tokens, int split_overhead_blocks, int32_t* metadata,
-                               int32_t* num_splits) {
+                               int block_tokens, int split_overhead_blocks, int combine_blocks,
+                               int32_t* metadata, int32_t* num_splits) {
   const int64_t parts = std::max(num_sm_parts, 1);
   const int64_t tokens_per_block = std::max(block_tokens, 1);
   const int64_t overhead = std::max(split_overhead_blocks, 0);
   auto seqlen = [&](int64_t i) { return std::max<int64_t>(seqlens[i], 0); };
   auto blocks = [&](int64_t i) { return (seqlen(i) + tokens_per_block - 1) / tokens_per_block; };
 
-  int64_t total = 0;
-  for (int64_t i = 0; i < batch; ++i) total += blocks(i) + overhead;
+  std::vector<int64_t> start(static_cast<size_t>(batch) + 1, 0);  // C_i
+  for (int64_t i = 0; i < batch; ++i) start[i + 1] = start[i] + blocks(i) + overhead;
+  const int64_t total = start[batch];
   const int64_t share = (total + parts - 1) / parts;
 
-  // The walk: (request, block) of the current boundary, and the cost where `request` begins.
-  int64_t request = 0, request_cost = 0;
-  int64_t begin_request = 0, begin_block = 0;
-  int64_t split = 0;
+  // Boundary w (w < parts - 1) of both plans: (end_request, end_block), end_block 0 meaning
+  // "before end_request"; the last worker ends past every request.
+  std::vector<int64_t> split_request(parts, batch), split_block(parts, 0), whole_request(parts, batch);
+  int64_t request = 0;
+  for (int64_t w = 0; w + 1 < parts; ++w) {
+    const int64_t x = (w + 1) * share;
+    while (request < batch && start[request + 1] <= x) ++request;
+    if (request < batch) {
+      const int64_t into = x - start[request], cost = start[request + 1] - start[request];
+      split_request[w] = request;
+      split_block[w] = std::max<int64_t>(0, into - overhead);
+      whole_request[w] = 2 * into < cost ? request : request + 1;
+    }
+  }
+  int64_t busiest = 0;
+  for (int64_t w = 0; w < parts; ++w) {
+    busiest = std::max(busiest, start[whole_request[w]] - start[w > 0 ? whole_request[w - 1] : 0]);
+  }
+  const bool whole = busiest <= share + overhead + std::max(combine_blocks, 0);
+
+  int64_t begin_request = 0, begin_block = 0, split = 0;
   num_splits[0] = 0;
   for (int64_t w = 0; w < parts; ++w) {
-    // The boundary at the end of worker w's share.
-    int64_t end_request = batch, end_block = 0;
-    if (w + 1 < parts) {
-      const int64_t x = (w + 1) * share;
-      while (request < batch && request_cost + blocks(request) + overhead <= x) {
-        request_cost += blocks(request) + overhead;
-        ++request;
-      }
-      if (request < batch) {
-        end_request = request;
-        end_block = std::max<int64_t>(0, x - request_cost - overhead);
-      }
-    }
+    const int64_t end_request = whole ? whole_request[w] : split_request[w];
+    const int64_t end_block = whole ? 0 : split_block[w];
     // Pieces of requests begin_request .. last, where the last is end_request when the boundary
     // splits it, else the request before it.
     const int64_t last = end_block > 0 ? end_request : end_request - 1;

@@ -4,6 +4,11 @@
 // (`split_overhead_blocks`, the price of reloading q and writing a partial). The total is dealt in
 // equal shares over `num_sm_parts` workers in request order; a request that straddles a share
 // boundary is split there. Requests with seqlen 0 get one (empty) split so their output is written.
+// Splitting has a price the shares do not see: fp32 partials written and read back by a combine
+// pass. So the planner also deals whole requests (each share boundary moved to the nearest
+// request boundary) and takes that plan when its busiest worker carries at most
+// `combine_blocks` more than the split plan's bound (share + overhead): then no request is split
+// and the combine has nothing to do (equal-length batches at or above the worker count).
 #pragma once
 
 #include <cstdint>
@@ -13,11 +18,13 @@
 namespace openmla::core {
 
 constexpr int kScheduleSplitOverheadBlocks = 5;
+// What a split plan costs beyond its shares (the combine pass), in key blocks of one worker.
+constexpr int kScheduleCombineBlocks = 6;
 
 // metadata: [num_sm_parts, kScheduleMetadataInts], num_splits: [batch + 1] (contiguous).
 void plan_decode_schedule_host(const int32_t* seqlens, int batch, int num_sm_parts,
-                               int block_tokens, int split_overhead_blocks, int32_t* metadata,
-                               int32_t* num_splits);
+                               int block_tokens, int split_overhead_blocks, int combine_blocks,
+                               int32_t* metadata, int32_t* num_splits);
 
 // A bound on the number of splits any schedule of this size holds (workspace sizing).
 inline int64_t max_schedule_splits(int64_t batch, int64_t num_sm_parts) {

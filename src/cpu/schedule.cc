@@ -22,6 +22,7 @@ Status plan_decode_schedule(const DecodeScheduleArgs& args,
   }
   core::plan_decode_schedule_host(seqlens.data(), batch, static_cast<int>(shape.num_sm_parts),
                                   args.block_tokens, core::kScheduleSplitOverheadBlocks,
+                                  core::kScheduleCombineBlocks,
                                   args.metadata.data_as<int32_t>(),
                                   args.num_splits.data_as<int32_t>());
   return Status::Ok();

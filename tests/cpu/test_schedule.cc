@@ -1,7 +1,8 @@
 // The split-KV schedule planner (src/core/schedule.h, metadata layout in ops.h), checked by its
 // invariants on random and edge-case lengths: every request's tokens covered exactly once and in
 // order, split boundaries on block_tokens multiples, num_splits consistent with the pieces,
-// begin_split the running split count, and every worker within one share + one overhead.
+// begin_split the running split count, and every worker within one share + one overhead (+ the
+// combine price when the plan deals whole requests).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,7 +25,8 @@ Plan plan(const std::vector<int32_t>& seqlens, int parts, int block_tokens) {
   p.num_splits.assign(seqlens.size() + 1, -99);
   core::plan_decode_schedule_host(seqlens.data(), static_cast<int>(seqlens.size()), parts,
                                   block_tokens, core::kScheduleSplitOverheadBlocks,
-                                  p.metadata.data(), p.num_splits.data());
+                                  core::kScheduleCombineBlocks, p.metadata.data(),
+                                  p.num_splits.data());
   return p;
 }
 
@@ -40,7 +42,7 @@ void check_invariants(const std::vector<int32_t>& seqlens, int parts, int block_
   const int64_t share = (total + parts - 1) / parts;
 
   std::vector<int64_t> covered(batch, 0), pieces(batch, 0);  // next expected token, pieces seen
-  int64_t split = 0, last_request = -1;
+  int64_t split = 0, last_request = -1, max_cost = 0;
   for (int w = 0; w < parts; ++w) {
     const int32_t* m = p.metadata.data() + w * kScheduleMetadataInts;
     EXPECT_EQ(m[5], 0);
@@ -69,8 +71,10 @@ void check_invariants(const std::vector<int32_t>& seqlens, int parts, int block_
       ++split;
       cost += blocks(end) - begin / block_tokens + overhead;
     }
-    EXPECT_LE(cost, share + overhead) << "worker " << w;
+    max_cost = std::max(max_cost, cost);
   }
+  const bool whole = p.num_splits[batch] == batch;  // no request split
+  EXPECT_LE(max_cost, share + overhead + (whole ? core::kScheduleCombineBlocks : 0));
   EXPECT_EQ(p.num_splits[0], 0);
   for (int64_t r = 0; r < batch; ++r) {
     EXPECT_EQ(covered[r], seqlens[r]) << "request " << r << " fully covered";
@@ -122,6 +126,38 @@ TEST(Schedule, EdgeCases) {
     busy += m[0] <= m[2];
   }
   EXPECT_EQ(busy, 2);
+}
+
+// Equal lengths at or above the worker count: whole requests, no split (nothing to combine),
+// the busiest worker within the combine price of the split plan. Varlen or few long requests:
+// the split plan, whose busiest worker is then within share + overhead.
+TEST(Schedule, WholeRequestsWhenSplittingDoesNotPay) {
+  struct Case {
+    int batch, len, parts;
+    bool whole;
+  } cases[] = {
+      {128, 4096, 66, true},    // 69 units each, share 134: two whole requests a worker (138)
+      {128, 1024, 132, true},   // one request a worker, 4 idle
+      {128, 8192, 132, true},   //
+      {128, 4096, 33, true},    // s_q 2, h_q 128: four requests a worker at most
+      {128, 32768, 132, false}, // one whole request (517) is 10 units above share + overhead
+      {4, 4096, 132, false},    // far fewer requests than workers: split
+      {1, 131072, 66, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.batch << " x " << c.len << ", " << c.parts << " parts");
+    const std::vector<int32_t> lens(c.batch, c.len);
+    const Plan p = plan(lens, c.parts, 64);
+    check_invariants(lens, c.parts, 64, p);
+    EXPECT_EQ(p.num_splits[c.batch] == c.batch, c.whole);
+  }
+  // Varlen (uniform lengths): a whole plan's busiest worker is far above the share: split.
+  Rng rng(3);
+  std::vector<int32_t> lens(128);
+  for (int32_t& l : lens) l = static_cast<int32_t>(rng.randint(1, 8191));
+  const Plan p = plan(lens, 66, 64);
+  check_invariants(lens, 66, 64, p);
+  EXPECT_GT(p.num_splits[128], 128);
 }
 
 // The public entry point on CPU tensors plans the same schedule, for a strided seqlens view too.

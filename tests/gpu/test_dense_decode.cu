@@ -20,6 +20,7 @@
 
 #include "common/test_data.h"
 #include "core/schedule.h"
+#include "cuda/common/decode_schedule.h"
 #include "cuda/sm90/dense_decode/launch.h"
 #include "gpu/gpu_test_util.h"
 #include "openmla/ops.h"
@@ -392,19 +393,23 @@ TEST(DenseDecode, ExplicitScheduleFewWorkers) {
 // --- the GPU planner, bit for bit ---------------------------------------------------------------
 TEST(DenseDecodeSchedule, GpuPlannerMatchesHost) {
   Rng rng(140);
-  std::vector<std::vector<int>> sets = {{0}, {5}, {131072}, {0, 0, 0}, {64, 64, 64, 64}};
+  // Equal lengths at or above the worker count take the whole-request plan; the rest split.
+  std::vector<std::vector<int>> sets = {{0}, {5}, {131072}, {0, 0, 0}, {64, 64, 64, 64},
+                                        std::vector<int>(128, 4096), std::vector<int>(128, 1024),
+                                        std::vector<int>(128, 32768), std::vector<int>(200, 8191)};
   for (int n : {7, 128, 300, 1500}) {
     std::vector<int> lens(n);
     for (int& l : lens) l = static_cast<int>(rng.randint(0, rng.coin(0.1) ? 100000 : 5000));
     sets.push_back(lens);
   }
   for (const auto& lens : sets) {
-    for (int parts : {1, 3, 66, 132, 200}) {
+    for (int parts : {1, 3, 66, 132, 200, cuda::kMaxPlannerSmParts}) {
       for (int block_tokens : {64, 16}) {
         const int batch = static_cast<int>(lens.size());
         std::vector<int32_t> host_meta(parts * kScheduleMetadataInts), host_splits(batch + 1);
         core::plan_decode_schedule_host(lens.data(), batch, parts, block_tokens,
-                                        core::kScheduleSplitOverheadBlocks, host_meta.data(),
+                                        core::kScheduleSplitOverheadBlocks,
+                                        core::kScheduleCombineBlocks, host_meta.data(),
                                         host_splits.data());
         DeviceBuffer seq = to_device(std::vector<int32_t>(lens.begin(), lens.end()));
         DeviceSchedule s;

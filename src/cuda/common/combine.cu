@@ -1,6 +1,10 @@
-// Split-KV decode combine (combine.h): one block of 256 threads merges `rows_per_block` query
-// rows of one request; its 8 warps take every 8th split, each lane 16 of the 512 dims (4 x 16 B
-// coalesced loads a split), so a block keeps 8 splits x 2 KB in flight.
+// Split-KV decode combine (combine.h). A block of 8 warps merges 8 / G query rows of one request,
+// G warps a row (G = params.warps_per_row, 1 when requests have few splits): each warp takes
+// every G-th split of its row, each lane 16 of the 512 dims (4 x 16 B coalesced loads a split).
+// Every warp computes its row's softmax weights itself (the lse of all splits, a warp reduction),
+// so with G = 1 a row needs no barrier at all; with G > 1 the G partial sums meet once in shared
+// memory. (The first version looped over a block's 16 rows one after another, 6 barriers and two
+// dependent global round trips each, with 2 of 8 warps busy at 2 splits a row.)
 #include "cuda/common/combine.h"
 
 #include <cuda_bf16.h>
@@ -14,22 +18,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kDimV = 512;
-
-__device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, other) : v + other;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // `red` is free (the previous reduction's readers are done)
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = red[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) v = is_max ? fmaxf(v, red[w]) : v + red[w];
-  return v;
-}
+constexpr int kVec = kDimV / 4 / 32;  // float4s of a row per lane
 
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -44,6 +33,26 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Four dims (one float4 of a row) as Element into `out` (16-byte aligned up to the row stride's
+// 4-byte alignment, so two 4-byte stores).
+template <typename Element>
+__device__ __forceinline__ void store4(char* out, float4 v, float inv) {
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out);
+  dst[0] = pack2<Element>(v.x * inv, v.y * inv);
+  dst[1] = pack2<Element>(v.z * inv, v.w * inv);
+}
+
 template <typename Element>
 __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCombineParams p) {
   const int r = blockIdx.y;
@@ -54,90 +63,103 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   if (n <= 1) return;
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
-  extern __shared__ float smem[];
-  float* red = smem;                      // [kWarps]
-  float* part = smem + kWarps;            // [kWarps][512] per-warp partial sums
-  float* weight = part + kWarps * kDimV;  // [n]
-  const int rows = p.s_q * p.h_q;
+  __shared__ float4 part[kWarps][kDimV / 4];  // G > 1: each warp's partial sums
+  const int G = p.warps_per_row;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row_end = min(rows, (blockIdx.x + 1) * p.rows_per_block);
-  for (int row = blockIdx.x * p.rows_per_block; row < row_end; ++row) {
-    float mx = -INFINITY;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const float v = p.lse_accum[static_cast<int64_t>(first + i) * rows + row];
-      weight[i] = v;
-      mx = fmaxf(mx, v);
-    }
-    mx = block_reduce(mx, true, red);
-    float sum = 0.f;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const float e = mx == -INFINITY ? 0.f : __expf(weight[i] - mx);
-      weight[i] = e;
-      sum += e;
-    }
-    sum = block_reduce(sum, false, red);  // its barriers also publish weight[]
+  const int rows = p.s_q * p.h_q;
+  const int row = blockIdx.x * (kWarps / G) + warp / G;
+  const int g = warp % G;
+  const bool live = row < rows;
 
-    float4 acc[4];
+  float4 acc[kVec];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 2
-    for (int i = warp; i < n; i += kWarps) {
-      const float w = weight[i];
-      if (w == 0.f) continue;  // a split that saw no key (its partial is 0)
-      const float4* src = reinterpret_cast<const float4*>(
-          p.o_accum + (static_cast<int64_t>(first + i) * rows + row) * kDimV);
+  for (int q = 0; q < kVec; ++q) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float mx = -INFINITY, sum = 0.f;
+  if (live) {
+    const float* lse = p.lse_accum + static_cast<int64_t>(first) * rows + row;
+    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, lse[static_cast<int64_t>(i) * rows]);
+    mx = warp_max(mx);
+    if (mx != -INFINITY) {
+      for (int i = lane; i < n; i += 32) sum += __expf(lse[static_cast<int64_t>(i) * rows] - mx);
+    }
+    sum = warp_sum(sum);
+    const float4* o = reinterpret_cast<const float4*>(
+        p.o_accum + (static_cast<int64_t>(first) * rows + row) * kDimV);
+    const int64_t split_stride = static_cast<int64_t>(rows) * (kDimV / 4);
+#pragma unroll 4
+    for (int i = g; i < n; i += G) {
+      const float l = lse[static_cast<int64_t>(i) * rows];
+      if (l == -INFINITY) continue;  // a split that saw no key (its partial is 0)
+      const float w = __expf(l - mx);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 v = __ldg(src + lane + 32 * q);
+      for (int q = 0; q < kVec; ++q) {
+        const float4 v = __ldg(o + i * split_stride + lane + 32 * q);
         acc[q].x += w * v.x;
         acc[q].y += w * v.y;
         acc[q].z += w * v.z;
         acc[q].w += w * v.w;
       }
     }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const int s = row / p.h_q, h = row % p.h_q;
+  char* out = static_cast<char*>(p.out) +
+              (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h) * 2;
+  if (live && g == 0 && lane == 0) {
+    p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] =
+        mx == -INFINITY ? INFINITY : mx + logf(sum);
+  }
+  if (G == 1) {
+    if (live) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      reinterpret_cast<float4*>(part + warp * kDimV)[lane + 32 * q] = acc[q];
+      for (int q = 0; q < kVec; ++q) store4<Element>(out + (lane + 32 * q) * 8, acc[q], inv);
     }
-    __syncthreads();
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int d = threadIdx.x * 2;
-    float o0 = 0.f, o1 = 0.f;
+    return;
+  }
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      o0 += part[w * kDimV + d];
-      o1 += part[w * kDimV + d + 1];
+  for (int q = 0; q < kVec; ++q) part[warp][lane + 32 * q] = acc[q];
+  __syncthreads();
+  if (!live) return;
+  // The row's G warps share its 128 float4s; each sums them over the G partials.
+  const int first_warp = warp - g;
+  for (int k = g * 32 + lane; k < kDimV / 4; k += 32 * G) {
+    float4 v = part[first_warp][k];
+    for (int j = 1; j < G; ++j) {
+      const float4 u = part[first_warp + j][k];
+      v.x += u.x;
+      v.y += u.y;
+      v.z += u.z;
+      v.w += u.w;
     }
-    const int s = row / p.h_q, h = row % p.h_q;
-    char* out = static_cast<char*>(p.out) +
-                (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h + d) * 2;
-    *reinterpret_cast<uint32_t*>(out) = pack2<Element>(o0 * inv, o1 * inv);
-    if (threadIdx.x == 0) {
-      p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] =
-          mx == -INFINITY ? INFINITY : mx + logf(sum);
-    }
-    __syncthreads();  // part[] and weight[] are reused by the next row
+    store4<Element>(out + k * 8, v, inv);
   }
 }
 
 }  // namespace
 
+int decode_combine_warps_per_row(int batch, int num_sm_parts) {
+  // Splits a request typically has: its share of the workers, plus the one it shares with a
+  // neighbour. Few: a warp a row (no barrier); many (one long request): up to the 8 warps.
+  const int typical = (num_sm_parts + batch - 1) / (batch > 0 ? batch : 1) + 1;
+  if (typical <= 4) return 1;
+  if (typical <= 8) return 2;
+  if (typical <= 16) return 4;
+  return 8;
+}
+
 cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_dtype,
                                   cudaStream_t stream) {
   if (params.batch == 0 || params.s_q * params.h_q == 0) return cudaSuccess;
+  const int G = params.warps_per_row;
+  if (G != 1 && G != 2 && G != 4 && G != 8) return cudaErrorInvalidValue;
   const int rows = params.s_q * params.h_q;
-  const size_t smem_bytes = sizeof(float) * (kWarps + kWarps * kDimV + params.max_splits);
+  const int rows_per_block = kWarps / G;
   auto kernel = out_dtype == DType::kBF16 ? decode_combine_kernel<__nv_bfloat16>
                                           : decode_combine_kernel<__half>;
-  if (smem_bytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
-    if (err != cudaSuccess) return err;
-  }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((rows + params.rows_per_block - 1) / params.rows_per_block, params.batch);
+  config.gridDim = dim3((rows + rows_per_block - 1) / rows_per_block, params.batch);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
+  config.dynamicSmemBytes = 0;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -28,9 +28,12 @@ struct DecodeCombineParams {
   float* lse = nullptr;  // [batch, h_q, s_q]
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
   int batch = 0, s_q = 0, h_q = 0;
-  int rows_per_block = 1;  // query rows (token, head) one block merges
-  int max_splits = 1;      // bound on the splits of one request (the schedule's workers)
+  int warps_per_row = 1;  // 1, 2, 4 or 8 warps merge one row (decode_combine_warps_per_row)
 };
+
+// The warps per row for a schedule of `num_sm_parts` workers over `batch` requests: 1 when a
+// request has a few splits, up to 8 when one long request is split over every worker.
+int decode_combine_warps_per_row(int batch, int num_sm_parts);
 
 // d_v is 512. `out_dtype` is kBF16 or kFP16. One launch on `stream`, PDL-attributed.
 cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_dtype,

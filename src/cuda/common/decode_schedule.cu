@@ -6,6 +6,8 @@
 // max(0, x_w - C_i - overhead). Here each request finds the boundaries that fall inside it
 // (a prefix sum gives C_i), then each worker reads its two boundaries and a second prefix sum
 // over workers gives every worker's first split. Integer arithmetic as on the host (int64).
+// The whole-request plan's boundaries (the nearer end of the request a boundary falls in) come
+// from the same pass; a max over its workers' loads picks the plan, as on the host.
 #include "cuda/common/decode_schedule.h"
 
 #include <string>
@@ -42,8 +44,29 @@ __device__ int64_t block_exclusive_scan(int64_t v, int64_t* warp_sums, int64_t* 
   return offset + x - v;
 }
 
+// Max over the block; every thread must call it.
+__device__ int64_t block_max(int64_t v, int64_t* warp_sums) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const int64_t y = __shfl_xor_sync(0xffffffffu, v, o);
+    v = y > v ? y : v;
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) v = warp_sums[w] > v ? warp_sums[w] : v;
+  return v;
+}
+
+// Shared memory of the kernel: per boundary, the split plan's (end_request, end_block), the
+// whole plan's end_request and its cost offset C_{end_request}.
+size_t planner_smem_bytes(int parts) {
+  return (3 * sizeof(int32_t) + sizeof(int64_t)) * static_cast<size_t>(parts);
+}
+
 __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const DecodeSchedulePlan p) {
-  extern __shared__ int32_t boundary[];  // end_request[parts], end_block[parts]
+  extern __shared__ int64_t boundary[];  // planner_smem_bytes
   __shared__ int64_t warp_sums[kWarps];
   const int64_t batch = p.batch;
   const int64_t parts = p.num_sm_parts > 1 ? p.num_sm_parts : 1;
@@ -56,18 +79,23 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   auto cost = [&](int64_t i) {
     return (seqlen(i) + tokens_per_block - 1) / tokens_per_block + overhead;
   };
-  int32_t* end_request = boundary;
-  int32_t* end_block = boundary + parts;
-  for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
-    end_request[w] = static_cast<int32_t>(batch);  // a boundary past every request
-    end_block[w] = 0;
-  }
+  int64_t* whole_start = boundary;  // C at the whole plan's boundary w
+  int32_t* end_request = reinterpret_cast<int32_t*>(boundary + parts);
+  int32_t* end_block = end_request + parts;
+  int32_t* whole_request = end_block + parts;
 
   int64_t local = 0;
   for (int64_t i = threadIdx.x; i < batch; i += kThreads) local += cost(i);
   int64_t total = 0;
   block_exclusive_scan(local, warp_sums, &total);
   const int64_t share = (total + parts - 1) / parts;
+  for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
+    end_request[w] = static_cast<int32_t>(batch);  // a boundary past every request
+    end_block[w] = 0;
+    whole_request[w] = static_cast<int32_t>(batch);
+    whole_start[w] = total;
+  }
+  __syncthreads();
 
   // Boundaries x_w of workers w < parts - 1 (the last worker always ends past every request).
   int64_t carry = 0;
@@ -84,13 +112,30 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
       if (w_lo < 0) w_lo = 0;
       if (w_hi > parts - 2) w_hi = parts - 2;
       for (int64_t w = w_lo; w <= w_hi; ++w) {
-        const int64_t k = (w + 1) * share - begin - overhead;
+        const int64_t into = (w + 1) * share - begin;
         end_request[w] = static_cast<int32_t>(i);
-        end_block[w] = static_cast<int32_t>(k > 0 ? k : 0);
+        end_block[w] = static_cast<int32_t>(into > overhead ? into - overhead : 0);
+        const bool before = 2 * into < c;
+        whole_request[w] = static_cast<int32_t>(before ? i : i + 1);
+        whole_start[w] = before ? begin : end;
       }
     }
   }
   __syncthreads();
+
+  // The whole plan's busiest worker decides between the plans.
+  int64_t busiest = 0;
+  for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
+    const int64_t load = whole_start[w] - (w > 0 ? whole_start[w - 1] : 0);
+    busiest = load > busiest ? load : busiest;
+  }
+  busiest = block_max(busiest, warp_sums);
+  const int64_t combine_blocks = p.combine_blocks > 0 ? p.combine_blocks : 0;
+  const bool whole = busiest <= share + overhead + combine_blocks;
+  auto boundary_request = [&](int64_t w) -> int64_t {
+    return whole ? whole_request[w] : end_request[w];
+  };
+  auto boundary_block = [&](int64_t w) -> int64_t { return whole ? 0 : end_block[w]; };
 
   // Worker w walks from boundary w - 1 to boundary w; its first split is the number of request
   // pieces of the workers before it.
@@ -101,11 +146,11 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
     int64_t pieces = 0;
     if (w < parts) {
       if (w > 0) {
-        begin_request = end_request[w - 1];
-        begin_block = end_block[w - 1];
+        begin_request = boundary_request(w - 1);
+        begin_block = boundary_block(w - 1);
       }
-      end_req = end_request[w];
-      end_blk = end_block[w];
+      end_req = boundary_request(w);
+      end_blk = boundary_block(w);
       last = end_blk > 0 ? end_req : end_req - 1;
       pieces = last >= begin_request ? last - begin_request + 1 : 0;
     }
@@ -138,7 +183,11 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
 cudaError_t launch_plan_decode_schedule(const DecodeSchedulePlan& plan, cudaStream_t stream) {
   const int parts = plan.num_sm_parts > 1 ? plan.num_sm_parts : 1;
   if (parts > kMaxPlannerSmParts) return cudaErrorInvalidValue;
-  const size_t smem_bytes = sizeof(int32_t) * 2 * static_cast<size_t>(parts);
+  const size_t smem_bytes = planner_smem_bytes(parts);
+  static const cudaError_t attr_error = cudaFuncSetAttribute(
+      plan_decode_schedule_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(planner_smem_bytes(kMaxPlannerSmParts)));
+  if (attr_error != cudaSuccess) return attr_error;
   plan_decode_schedule_kernel<<<1, kThreads, smem_bytes, stream>>>(plan);
   return cudaGetLastError();
 }
@@ -157,6 +206,7 @@ Status plan_decode_schedule_gpu(const DecodeScheduleArgs& args,
   plan.num_sm_parts = static_cast<int>(shape.num_sm_parts);
   plan.block_tokens = args.block_tokens;
   plan.split_overhead_blocks = core::kScheduleSplitOverheadBlocks;
+  plan.combine_blocks = core::kScheduleCombineBlocks;
   plan.metadata = args.metadata.data_as<int32_t>();
   plan.metadata_stride_part = args.metadata.strides[0];
   plan.metadata_stride_field = args.metadata.strides[1];

@@ -19,6 +19,7 @@ struct DecodeSchedulePlan {
   int num_sm_parts = 1;
   int block_tokens = 64;
   int split_overhead_blocks = 0;
+  int combine_blocks = 0;  // core::kScheduleCombineBlocks: when whole requests beat splitting
   int32_t* metadata = nullptr;  // [num_sm_parts, kScheduleMetadataInts]
   int64_t metadata_stride_part = 0, metadata_stride_field = 1;
   int32_t* num_splits = nullptr;  // [batch + 1]
@@ -32,7 +33,8 @@ constexpr int kMaxPlannerSmParts = 4096;
 cudaError_t launch_plan_decode_schedule(const DecodeSchedulePlan& plan, cudaStream_t stream);
 
 // The public plan_decode_schedule on device tensors (validated): the host planner's
-// split overhead (core::kScheduleSplitOverheadBlocks), args.block_tokens.
+// split overhead and combine price (core::kScheduleSplitOverheadBlocks, kScheduleCombineBlocks),
+// args.block_tokens.
 Status plan_decode_schedule_gpu(const DecodeScheduleArgs& args,
                                 const core::DecodeScheduleShape& shape, cudaStream_t stream);
 

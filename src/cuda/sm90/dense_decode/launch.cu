@@ -231,6 +231,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
     plan.num_sm_parts = parts;
     plan.block_tokens = kBlockTokens;
     plan.split_overhead_blocks = core::kScheduleSplitOverheadBlocks;
+    plan.combine_blocks = core::kScheduleCombineBlocks;
     plan.metadata = reinterpret_cast<int32_t*>(ws + layout.metadata);
     plan.metadata_stride_part = kScheduleMetadataInts;
     plan.metadata_stride_field = 1;
@@ -300,6 +301,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
       launch_kernel(args.q.dtype, shape.d_qk, params, m_blocks, params.h_kv, parts, stream),
       "kernel launch"));
 
+  if (tuning.skip_combine != 0) return Status::Ok();
   DecodeCombineParams combine;
   combine.lse_accum = params.lse_accum;
   combine.o_accum = params.o_accum;
@@ -316,12 +318,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   combine.batch = params.batch;
   combine.s_q = params.s_q;
   combine.h_q = params.h_q;
-  const int64_t total_rows = shape.batch * shape.s_q * shape.h_q;
-  int64_t rows_per_block = total_rows / 1024;  // about 8 blocks per SM
-  if (rows_per_block < 1) rows_per_block = 1;
-  if (rows_per_block > shape.s_q * shape.h_q) rows_per_block = shape.s_q * shape.h_q;
-  combine.rows_per_block = static_cast<int>(rows_per_block);
-  combine.max_splits = parts;
+  combine.warps_per_row = decode_combine_warps_per_row(params.batch, parts);
   return cuda_error(launch_decode_combine(combine, args.q.dtype, stream), "combine launch");
 }
 

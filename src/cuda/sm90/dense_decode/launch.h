@@ -42,6 +42,9 @@ struct DenseDecodeTuning {
   // measured slower (h_q 128, L 4096: 531 µs vs 418 without, NOTES.md v6): off by default.
   int multicast = 0;
   int last_cluster_size = 0;  // written by each launch: the cluster size the kernel ran with
+  // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
+  // requests' outputs are left unwritten.
+  int skip_combine = 0;
   // device buffer: 3 x trace_pairs x 16 clock64 stamps of CTA 0, then kTraceMaxCtas x 6 CTA spans
   // (params.h DenseDecodeParams::trace)
   long long* trace = nullptr;
