@@ -184,10 +184,12 @@ cudaError_t launch_plan_decode_schedule(const DecodeSchedulePlan& plan, cudaStre
   const int parts = plan.num_sm_parts > 1 ? plan.num_sm_parts : 1;
   if (parts > kMaxPlannerSmParts) return cudaErrorInvalidValue;
   const size_t smem_bytes = planner_smem_bytes(parts);
-  static const cudaError_t attr_error = cudaFuncSetAttribute(
-      plan_decode_schedule_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(planner_smem_bytes(kMaxPlannerSmParts)));
-  if (attr_error != cudaSuccess) return attr_error;
+  if (smem_bytes > 48 * 1024) {  // above the default limit: thousands of workers
+    static const cudaError_t attr_error = cudaFuncSetAttribute(
+        plan_decode_schedule_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(planner_smem_bytes(kMaxPlannerSmParts)));
+    if (attr_error != cudaSuccess) return attr_error;
+  }
   plan_decode_schedule_kernel<<<1, kThreads, smem_bytes, stream>>>(plan);
   return cudaGetLastError();
 }
