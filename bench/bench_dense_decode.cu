@@ -301,18 +301,18 @@ void print_trace(const long long* trace_d, int pairs) {
     return tr[(static_cast<size_t>(role) * pairs + pair) * 16 + ev];
   };
   std::printf("\ntimeline of CTA 0, clocks after WG0's pair start (0 = not reached)\n"
-              "WG0: 1 loop, 2 S0, 3 P0 out, 4 PV0L issued, 5 P1 in, 6 PV0L done, 7 PV1L issued, "
-              "8 PV1L done\nWG1: 0 start, 1 QK0 seen, 2 S1, 3 P0 in, 4 PV0R issued, 5 P1 out, "
-              "6 PV0R done, 7 PV1R issued, 8 PV1R done\nproducer: 0 start, 1.. part issued "
-              "(stage 0: L R rope, stage 1: L R rope)\n");
+              "WG0: 1 P(2k-1) in + its PV_L issued, 2 S(2k) done, 3 P(2k) out, 4 PV(2k)_L done\n"
+              "WG1: 0 start, 1 P(2k) in + its PV_R issued, 2 S(2k+1) done, 3 P(2k+1) out, "
+              "4 PV(2k+1)_R done\nproducers: 0 stage 0's pair start, 1-3 stage 0 parts issued "
+              "(RoPE, L, R), 4-6 stage 1 parts issued (RoPE, R, L)\n");
   for (int q = 0; q < pairs; ++q) {
     const long long base = at(0, q, 0);
     if (base == 0) break;
     const long long period = q + 1 < pairs && at(0, q + 1, 0) != 0 ? at(0, q + 1, 0) - base : 0;
     std::printf("pair %2d period %6lld | WG0", q, period);
-    for (int e = 1; e <= 8; ++e) std::printf(" %6lld", at(0, q, e) ? at(0, q, e) - base : 0);
+    for (int e = 1; e <= 4; ++e) std::printf(" %6lld", at(0, q, e) ? at(0, q, e) - base : 0);
     std::printf(" | WG1");
-    for (int e = 0; e <= 8; ++e) std::printf(" %6lld", at(1, q, e) ? at(1, q, e) - base : 0);
+    for (int e = 0; e <= 4; ++e) std::printf(" %6lld", at(1, q, e) ? at(1, q, e) - base : 0);
     std::printf(" | prod");
     for (int e = 0; e <= 6; ++e) std::printf(" %6lld", at(2, q, e) ? at(2, q, e) - base : 0);
     std::printf("\n");
@@ -408,10 +408,6 @@ int main() {
       cuda::sm90::dense_decode_tuning().trace = trace_d;
       cuda::sm90::dense_decode_tuning().trace_pairs = trace_pairs;
     }
-    // OPENMLA_BENCH_MULTICAST=1: the 2-CTA cluster variant (DenseDecodeTuning::multicast).
-    if (const char* mc = std::getenv("OPENMLA_BENCH_MULTICAST")) {
-      cuda::sm90::dense_decode_tuning().multicast = std::atoi(mc);
-    }
     const Shape shape{128, s_q, h_q, std::vector<int>(128, len), std::to_string(len), 0.0};
     run_shape(shape, one, 4200.0, 780.0, rng);
     if (trace_d != nullptr) {
@@ -432,19 +428,19 @@ int main() {
   fill(buf.kv, buf.kv_blocks * 64 * 576, 7);
   check(cudaDeviceSynchronize(), "fill");
 
-  // Knob sweep (launch.h DenseDecodeTuning) on a few shapes, then the grid at the best setting.
-  // OPENMLA_BENCH_NO_SWEEP=1: the grid alone, at the defaults.
+  // Knob sweep (launch.h DenseDecodeTuning) on a few shapes, then the grid at the defaults.
+  // OPENMLA_BENCH_NO_SWEEP=1: the grid alone.
   const bool sweep = std::getenv("OPENMLA_BENCH_NO_SWEEP") == nullptr;
   std::mt19937 sweep_rng(99);
   auto& tuning = cuda::sm90::dense_decode_tuning();
   const int sweep_shapes[][3] = {{1, 16, 8192}, {1, 64, 4096}, {1, 128, 4096}, {1, 16, 1024},
                                  {1, 128, 1024}, {2, 128, 8192}};
-  // Columns: the defaults, then one knob changed at a time (L2 prefetch 1-6 tiles ahead measured
-  // slower in v3-v5 and is no longer swept; NOTES.md).
+  // Columns: the defaults, then the KV loads' L2 hint flipped (evict-first is the default where
+  // one m-block reads each tile, normal where several do).
   if (sweep) {
     std::printf("knob sweep, µs (b 128; same binary, one knob changed per column)\n");
-    std::printf("| s_q | h_q | seqlen | defaults | release late (v6 order) | QK^T together | multicast | SM clock (defaults) |\n");
-    std::printf("|---|---|---|---|---|---|---|---|\n");
+    std::printf("| s_q | h_q | seqlen | defaults | L2 hint flipped | SM clock (defaults) |\n");
+    std::printf("|---|---|---|---|---|---|\n");
     for (const auto& sh : sweep_shapes) {
       auto time = [&] {
         return run_shape({128, sh[0], sh[1], std::vector<int>(128, sh[2]), "", 0.0}, buf, copy_gbs,
@@ -452,17 +448,10 @@ int main() {
       };
       std::printf("| %d | %d | %d | %.1f |", sh[0], sh[1], sh[2], time());
       const std::string clock_defaults = g_last_clock.text();
-      tuning.release_early = 0;
-      std::printf(" %.1f |", time());
-      tuning.release_early = 1;
-      tuning.serialize_qk = 0;
-      std::printf(" %.1f |", time());
-      tuning.serialize_qk = 1;
-      tuning.multicast = 1;
-      const double us_multicast = time();
-      std::printf(" %.1f%s |", us_multicast,
-                  tuning.last_cluster_size == 2 ? " (2-CTA clusters)" : " (unclustered)");
-      tuning.multicast = 0;
+      const bool one_m_block = sh[0] * sh[1] <= 64;
+      tuning.evict_first = one_m_block ? 0 : 1;
+      std::printf(" %.1f (%s) |", time(), one_m_block ? "normal" : "evict-first");
+      tuning.evict_first = -1;
       std::printf(" %s |\n", clock_defaults.c_str());
     }
     std::printf("\ngrid at the defaults\n\n");

@@ -5,8 +5,8 @@
 # then asks ncu (clocks left alone) for the tensor pipe's activity and the warps' stall reasons.
 #
 # With TRACE=n it also builds build-trace/ (OPENMLA_DENSE_DECODE_TRACE=ON) and prints the clock64
-# timeline of one CTA's first n pairs for each shape, normal and L2-resident, and every CTA's span
-# (TRACE_MULTICAST=1: once more with the 2-CTA multicast variant); NCU=0 skips ncu.
+# timeline of one CTA's first n pairs for each shape, normal and L2-resident, and every CTA's span;
+# NCU=0 skips ncu.
 #
 #   OUT=/dir [TRACE=24] tools/profile_dense_decode.sh [s_q,h_q,seqlen ...]
 #   (default shapes: 1,128,4096 1,16,8192)
@@ -49,11 +49,6 @@ for sh in "${shapes[@]}"; do
       echo "-- timeline (L2-resident cache)"
       OPENMLA_BENCH_L2_RESIDENT=256 OPENMLA_BENCH_TRACE=$TRACE OPENMLA_BENCH_SHAPE=$sh \
         timeout 120 "$TRACE_BENCH"
-      if [[ -n "${TRACE_MULTICAST:-}" ]]; then
-        echo "-- timeline (normal cache, 2-CTA clusters with multicast where h_q allows)"
-        OPENMLA_BENCH_MULTICAST=1 OPENMLA_BENCH_TRACE=$TRACE OPENMLA_BENCH_SHAPE=$sh \
-          timeout 120 "$TRACE_BENCH"
-      fi
     fi
   } >>"$LOG" 2>&1
 done

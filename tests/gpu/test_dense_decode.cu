@@ -244,65 +244,24 @@ TEST(DenseDecodeSmall, Fp16D512SplitAcrossWorkers) {
             .num_sm_parts = 3, .seed = 4});
 }
 
-// Two m-blocks (h_q 128): a 2-CTA cluster loading each tile half by half, multicast to both.
-// (An opt-in knob, DenseDecodeTuning::multicast; off by default.)
-TEST(DenseDecodeSmall, MulticastPair) {
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.multicast;
-  tuning.multicast = 1;
-  run_case({.h_q = 128, .seqlens = {37, 200}, .seed = 5});
-  EXPECT_EQ(tuning.last_cluster_size, 2);
-  tuning.multicast = saved;
+// The pipeline across tile and request boundaries: tiles of a pair are scored by different
+// warpgroups and each tile's PVs run under the next tile's QK^T, so odd and even tile counts,
+// one-tile and one-key requests, empty requests between others, partial last tiles and several
+// requests per CTA (few workers) all take other paths through it.
+TEST(DenseDecodeSmall, PipelineBoundaries) {
+  run_case({.h_q = 16, .seqlens = {37, 200, 129, 64, 0, 128}, .num_sm_parts = 2, .seed = 40});
+  run_case({.h_q = 128, .seqlens = {65, 1, 192}, .num_sm_parts = 1, .seed = 41});
 }
-
-// With multicast every even m-block count runs clustered; the same cases without.
-TEST(DenseDecode, MulticastOnAndOff) {
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.multicast;
-  int seed = 15;
-  for (int multicast : {1, 0}) {
-    tuning.multicast = multicast;
-    const int expect = multicast ? 2 : 1;
-    run_case({.h_q = 128, .seqlens = {1000, 64, 1, 257}, .seed = static_cast<uint64_t>(seed++)});
-    EXPECT_EQ(tuning.last_cluster_size, expect);
-    run_case({.s_q = 2, .h_q = 128, .page_size = 16, .seqlens = {300, 2, 129}, .causal = true,
-              .seed = static_cast<uint64_t>(seed++)});
-    EXPECT_EQ(tuning.last_cluster_size, expect);
-    run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 32,
-              .seqlens = {515, 90}, .num_sm_parts = 3, .seed = static_cast<uint64_t>(seed++)});
-    EXPECT_EQ(tuning.last_cluster_size, expect);
-    run_case({.h_q = 128, .seqlens = {4000}, .num_sm_parts = 5, .seed = static_cast<uint64_t>(seed++)});
-    EXPECT_EQ(tuning.last_cluster_size, expect);
-  }
-  tuning.multicast = saved;
-}
-
-// The release orders of DenseDecodeTuning::release_early: 0 (v6), 1 (the default: stage-0 V handed
-// back early, WG1 takes PV0_R first only when tile 1 has not landed, a choice made at run time),
-// 2 (WG1 always takes PV0_R first). Each must give the same results.
-TEST(DenseDecodeSmall, ReleaseOrders) {
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.release_early;
-  for (int order : {0, 1, 2}) {
-    tuning.release_early = order;
-    run_case({.h_q = 16, .seqlens = {37, 200, 129}, .seed = static_cast<uint64_t>(40 + order)});
-  }
-  tuning.release_early = saved;
-}
-TEST(DenseDecode, ReleaseOrders) {
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.release_early;
+TEST(DenseDecode, PipelineBoundaries) {
   uint64_t seed = 50;
-  for (int order : {0, 1, 2}) {
-    tuning.release_early = order;
-    run_case({.h_q = 128, .seqlens = {1000, 64, 1, 257, 0}, .seed = seed++});
-    run_case({.s_q = 2, .h_q = 128, .page_size = 16, .seqlens = {300, 2, 129}, .causal = true,
-              .seed = seed++});
-    run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 32,
-              .seqlens = {515, 90}, .num_sm_parts = 3, .seed = seed++});
-    run_case({.h_q = 128, .seqlens = {4000}, .num_sm_parts = 5, .seed = seed++});
-  }
-  tuning.release_early = saved;
+  run_case({.h_q = 128, .seqlens = {1000, 64, 1, 257, 0}, .seed = seed++});
+  run_case({.s_q = 2, .h_q = 128, .page_size = 16, .seqlens = {300, 2, 129}, .causal = true,
+            .seed = seed++});
+  run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 32,
+            .seqlens = {515, 90}, .num_sm_parts = 3, .seed = seed++});
+  run_case({.h_q = 128, .seqlens = {4000}, .num_sm_parts = 5, .seed = seed++});
+  run_case({.h_q = 64, .seqlens = {128, 192, 64, 320, 1, 0, 63}, .num_sm_parts = 2, .seed = seed++});
+  run_case({.d_qk = 512, .h_q = 128, .seqlens = {129, 255, 256, 2}, .num_sm_parts = 1, .seed = seed++});
 }
 
 // --- dtype x head dim ---------------------------------------------------------------------------

@@ -1,23 +1,27 @@
-// SM90 dense MLA decode: TMA producer + two wgmma warpgroups in FlashMLA's seesaw order.
-// Design, numbers and tuning history: NOTES.md. Compile-time choices: traits.h.
+// SM90 dense MLA decode: two TMA producer warps + two wgmma warpgroups in a software-pipelined
+// seesaw. Design, numbers and tuning history: NOTES.md. Compile-time choices: traits.h.
 //
 // Grid (m_blocks, h_kv, num_sm_parts), 384 threads, one CTA per SM. CTA (m, g, w) serves query
 // rows [64 m, 64 m + 64) of kv head g for every request piece of schedule worker w; a request
-// piece is the key range [tok_begin, tok_end) walked in pairs of 64-key tiles (tile 0 in stage 0,
-// tile 1 in stage 1). Per pair, with m the running max before it:
+// piece is the key range [tok_begin, tok_end) walked in pairs of 64-key tiles: WG0 scores the
+// even tiles (stage 0), WG1 the odd ones (stage 1), and both multiply every tile's P by their
+// half of V (WG0 dims 0-255, WG1 256-511). Per pair k (tiles 2k, 2k+1), with m the running max:
 //
-//   WG0: S0 = Q K0^T; m0 = max(m, rowmax S0); P0 = exp(S0 - m0) -> smem (for WG1), m0 -> smem
-//        O_L *= exp(m - m0); O_L += P0 V0_L            (P0 from registers)
-//        wait P1 -> O_L *= exp(m0 - m1); O_L += P1 V1_L
-//   WG1: S1 = Q K1^T; wait P0 -> O_R *= exp(m - m0); O_R += P0 V0_R   (issued, runs while:)
-//        m1 = max(m0, rowmax S1); P1 = exp(S1 - m1) -> smem, m1, exp(m0 - m1) -> smem
-//        O_R *= exp(m0 - m1); O_R += P1 V1_R           (P1 from registers)
+//   WG0: P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L   (issued)
+//        S = Q K(2k)^T piece by piece as they land (PV above runs under it; V(2k-1)_L handed
+//        back once it is done); m(2k) = max(m, rowmax S); P(2k) -> smem for WG1;
+//        O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L; V(2k)_L handed back
+//   WG1: P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R           (issued)
+//        S = Q K(2k+1)^T piece by piece (PV above under it; V(2k)_R handed back when done);
+//        m(2k+1); P(2k+1) -> smem for WG0; O_R *= ...; O_R += P(2k+1) V(2k+1)_R; handed back
 //
-// so the two QK^T run side by side and each softmax overlaps the other warpgroup's GEMMs. Each
-// part of a stage (V left, V right, RoPE) is handed back to the producer by its last reader, so
-// the next pair's tiles load while this pair's PVs run. V is the first 512 dims of the same keys
-// (read transposed, MN-major). A request with one split writes out/lse here; otherwise the
-// split's fp32 partial goes to the workspace for combine.cu, which this grid lets launch early.
+// so each tile's PVs run while the next tile's K streams in and is scored, and a stage goes back
+// to its producer warp as soon as its last PV is done (v7 held both stages until a pair's four
+// PVs were done). Each part of a stage (V left, V right, RoPE) is handed back by its last reader
+// and refilled at once by the stage's own producer warp, in the order parts come back. V is the
+// first 512 dims of the same keys (read transposed, MN-major). A request with one split writes
+// out/lse here; otherwise the split's fp32 partial goes to the workspace for combine.cu, which
+// this grid lets launch early.
 #pragma once
 
 #include <cuda.h>
@@ -48,7 +52,6 @@ enum : uint32_t {
   kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
   kBarWg1 = 5,       // inside WG1 (128)
   kBarEpilogue = 6,  // row sums exchanged (256)
-  kBarQK0Done = 7,   // WG0 -> WG1: S0 computed, so QK1 starts now and runs under softmax 0 (256)
 };
 
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
@@ -57,53 +60,16 @@ __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
 __device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// True in every thread of the `threads` using barrier `id` when `pred` holds in any of them: a
-// choice between wgmma sequences must be uniform over the warpgroup (`.sync.aligned`).
-__device__ __forceinline__ bool bar_any(uint32_t id, uint32_t threads, bool pred) {
-  uint32_t any;
-  asm volatile(
-      "{\n\t.reg .pred p, q;\n\t"
-      "setp.ne.u32 p, %1, 0;\n\t"
-      "bar.red.or.pred q, %2, %3, p;\n\t"
-      "selp.u32 %0, 1, 0, q;\n\t}"
-      : "=r"(any)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
-      : "memory");
-  return any != 0;
-}
 // Generic-proxy smem writes (P, Q, zeroed rows) ordered before async-proxy accesses (wgmma reads,
 // the next TMA write into the same bytes). With a memory clobber, unlike CUTLASS's
 // fence_view_async_shared: the stores before it must not sink below it.
 __device__ __forceinline__ void fence_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
-// Cluster of two CTAs (DenseDecodeTuning::multicast, off by default: measured slower, NOTES.md
-// v6): the m-blocks 2i, 2i+1 of one (kv head, worker) each load half the pieces of every tile
-// and multicast them to both, so each SM fetches half the bytes from L2. A part may be refilled
-// only when the consumers of both CTAs are done with it: a warp releases it on the empty barrier
-// of every CTA of the cluster, and the producer waits with cluster-scope acquire. Unclustered: the
-// plain CTA-scope arrive.
-__device__ __forceinline__ void release_part(uint64_t* empty, int lane, int cluster_size) {
-  if (lane != 0) return;
-  if (cluster_size == 1) {
-    cutlass::arch::ClusterBarrier::arrive(empty);
-  } else {
-    cutlass::arch::ClusterBarrier::arrive(empty, 0, 1);
-    cutlass::arch::ClusterBarrier::arrive(empty, 1, 1);
-  }
-}
-__device__ __forceinline__ void wait_empty(uint64_t* bar, uint32_t phase, int cluster_size) {
-  if (cluster_size == 1) {
-    cutlass::arch::ClusterBarrier::wait(bar, phase);
-    return;
-  }
-  const uint32_t addr = cute::cast_smem_ptr_to_uint(bar);
-  asm volatile(
-      "{\n\t.reg .pred done;\n\t"
-      "WAIT_EMPTY:\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
-      "@!done bra WAIT_EMPTY;\n\t}"
-      ::"r"(addr), "r"(phase) : "memory");
+// A part of a stage handed back to its producer warp: lane 0 of each of the 4 warps of the
+// releasing warpgroup arrives (the empty barrier counts 4).
+__device__ __forceinline__ void release_part(uint64_t* empty, int lane) {
+  if (lane == 0) cutlass::arch::ClusterBarrier::arrive(empty);
 }
 
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -205,119 +171,84 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
 }
 
 // ---------------------------------------------------------------------------------------------
-// Producer: one thread issues every TMA of the CTA's tiles, in the order the consumers use them.
+// Producers: lane 0 of warp 8 fills stage 0 (the even tiles), lane 0 of warp 9 stage 1 (the odd
+// tiles), each refilling a part as soon as it is handed back, in the stage's part order. (One
+// thread issuing both stages in a fixed order waited for the part handed back last while the
+// others sat free; a producer warp holding block ids ahead or prefetching into L2 measured no
+// better: NOTES.md v3, v5c, v8.)
 
-template <class Traits>
-__device__ __forceinline__ constexpr int part_first_piece(int part) {
-  return part * 4;  // L: 0-3, R: 4-7, RoPE: 8
-}
-template <class Traits>
-__device__ __forceinline__ constexpr int part_pieces(int part) {
-  return part == Traits::kPartRope ? Traits::kNumPieces - 8 : 4;
-}
-
-// L2 prefetch (no smem, no barrier) of the tile at key t0 of a piece: a runtime knob
-// (DenseDecodeTuning::l2_prefetch_tiles, default 0) that measured slower in v3.
-template <class Traits>
-__device__ __forceinline__ void prefetch_tile(const DenseDecodeParams& p, const int32_t* table,
-                                              int kv_head, int t0, int tok_end) {
-  const int page_size = p.page_size;
-  const int rows = page_size < Traits::kBlockN ? page_size : Traits::kBlockN;
-  const int last = min(t0 + Traits::kBlockN, tok_end);
-  for (int k = t0; k < last; k += rows) {
-    const int page = k / page_size;
-    const int block = table[page * p.block_table_stride_n];
-#pragma unroll
-    for (int c = 0; c < Traits::kNumPieces; ++c) {
-      cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_k, c * Traits::kPieceDims,
-                                             k - page * page_size, kv_head, block);
-    }
-  }
-}
-
-// One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`.
-// Pages of >= 64 keys: one 64-key box per piece. Smaller pages: one box per (page, piece), pages
-// past the last valid key not loaded (the consumers zero those V rows and mask those keys).
-// (A producer warp holding 32 block ids a lane instead of re-reading the table per part measured
-// no better: the parts' spacing is the SM's TMA fetch rate, NOTES.md v5.)
+// One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`, each
+// piece completing its own barrier. Pages of >= 64 keys: one 64-key box per piece (`block` is
+// the tile's block). Smaller pages: one box per (page, piece), pages past the last valid key not
+// loaded (the consumers zero those V rows and mask those keys).
 template <class Traits>
 __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
                                           typename Traits::SharedStorage& smem,
-                                          const int32_t* table, int kv_head, int stage, int part,
-                                          int t0, int valid, uint32_t phase) {
+                                          const int32_t* table, int block, int kv_head, int stage,
+                                          int part, int t0, int valid, uint32_t phase) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   const int page_size = p.page_size;
-  const int first = part_first_piece<Traits>(part), n = part_pieces<Traits>(part);
-  wait_empty(&smem.empty[stage][part], phase ^ 1, p.cluster_size);
-  uint64_t* full = &smem.full[stage][part];
+  const int first = Traits::part_first_piece(part), n = Traits::part_pieces(part);
+  cutlass::arch::ClusterBarrier::wait(&smem.empty[stage][part], phase ^ 1);
   typename Traits::Element* dst = smem.k[stage] + first * Traits::kPieceElems;
-  // One box: alone, or (cluster) only the pieces this CTA issues, multicast to both CTAs (the
-  // full barrier at the same offset in each receives the bytes). Pieces alternate between the
-  // two CTAs, shifted by the stage so each issues 9 of a pair's 18 at d 576.
-  auto load_box = [&](int c, void* smem_dst, int row, int block) {
-    if (p.cluster_size == 1) {
-      cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, p.cache_hint, smem_dst,
-                                   (first + c) * Traits::kPieceDims, row, kv_head, block);
-    } else if (((first + c + stage) & 1) == static_cast<int>(blockIdx.x & 1)) {  // rank
-      cute::SM90_TMA_LOAD_MULTICAST_4D::copy(&p.tma_k, full, 0x3, p.cache_hint, smem_dst,
-                                             (first + c) * Traits::kPieceDims, row, kv_head,
-                                             block);
-    }
-  };
+  // (Loops kept rolled: unrolled, the small-page path's table reads and addresses needed more
+  // registers than the producer has.)
   if (page_size >= Traits::kBlockN) {
-    Barrier::arrive_and_expect_tx(full, valid > 0 ? n * Traits::kPieceBytes : 0);
-    if (valid > 0) {
-      const int page = t0 / page_size;
-      const int block = table[page * p.block_table_stride_n];
-      for (int c = 0; c < n; ++c) {
-        load_box(c, dst + c * Traits::kPieceElems, t0 - page * page_size, block);
+#pragma unroll 1
+    for (int c = 0; c < n; ++c) {
+      uint64_t* full = &smem.full[stage][first + c];
+      Barrier::arrive_and_expect_tx(full, valid > 0 ? Traits::kPieceBytes : 0);
+      if (valid > 0) {
+        cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, p.cache_hint, dst + c * Traits::kPieceElems,
+                                     (first + c) * Traits::kPieceDims, t0 % page_size, kv_head,
+                                     block);
       }
     }
   } else {
     const int pages = (valid + page_size - 1) / page_size;
     const int first_page = t0 / page_size;
-    Barrier::arrive_and_expect_tx(full, static_cast<uint32_t>(n * pages * page_size * 128));
-    for (int j = 0; j < pages; ++j) {
-      const int block = table[(first_page + j) * p.block_table_stride_n];
-      for (int c = 0; c < n; ++c) {
-        load_box(c, dst + c * Traits::kPieceElems + j * page_size * Traits::kPieceDims, 0, block);
+#pragma unroll 1
+    for (int c = 0; c < n; ++c) {
+      uint64_t* full = &smem.full[stage][first + c];
+      Barrier::arrive_and_expect_tx(full, static_cast<uint32_t>(pages * page_size * 128));
+#pragma unroll 1
+      for (int j = 0; j < pages; ++j) {
+        const int b = table[(first_page + j) * p.block_table_stride_n];
+        cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, p.cache_hint,
+                                     dst + c * Traits::kPieceElems + j * page_size * Traits::kPieceDims,
+                                     (first + c) * Traits::kPieceDims, 0, kv_head, b);
       }
     }
   }
 }
 
+// Stage `stage`'s tiles of every request piece of this worker: tile 2k + stage of each pair k.
+// Tile 1 of a pair past the piece's end is an empty load (0 bytes): every barrier still completes
+// one phase per pair, so both sides count pairs alone.
 template <class Traits>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
-                                        int begin_req, int begin_tok, int last_req, int end_tok) {
-  const int ahead = p.l2_prefetch_tiles;
+                                        int stage) {
+  auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, 2, true);
-  int pair = 0;  // pairs loaded so far: the phase of every barrier of both stages
-  for (int r = begin_req; r <= last_req; ++r) {
-    const RequestPiece piece = request_piece(p, r, begin_req, begin_tok, last_req, end_tok);
+  int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
+  for (int r = field(0); r <= field(2); ++r) {
+    const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int32_t* table = p.block_table + r * p.block_table_stride_b;
     const int n_tiles = piece.num_tiles();
-    for (int it = 0; it < n_tiles; it += 2, ++pair) {
-      const uint32_t phase = pair & 1;
-      if (ahead > 0) {
-        for (int a = it == 0 ? 2 : ahead + 1; a <= ahead + 1; ++a) {
-          if (it + a >= n_tiles) break;
-          prefetch_tile<Traits>(p, table, kv_head, piece.tile_begin + (it + a) * Traits::kBlockN,
-                                piece.tok_end);
-        }
-      }
-      // Tile 1 of a pair past the piece's end is an empty load (0 bytes): every barrier still
-      // completes one phase per pair, so both sides count pairs alone.
-      trace.mark(pair, 0);
+    for (int it = stage; it < n_tiles + stage; it += 2, ++pair) {
+      const int t0 = piece.tile_begin + it * Traits::kBlockN;
+      const int valid = max(0, min(Traits::kBlockN, piece.tok_end - t0));
+      // Pages of >= 64 keys: the tile's one block id, read before the first part is free.
+      const int block = valid > 0 && p.page_size >= Traits::kBlockN
+                            ? table[(t0 / p.page_size) * p.block_table_stride_n]
+                            : 0;
+      if (stage == 0) trace.mark(pair, 0);
 #pragma unroll 1
-      for (int s = 0; s < 2; ++s) {
-        const int t0 = piece.tile_begin + (it + s) * Traits::kBlockN;
-        const int valid = max(0, min(Traits::kBlockN, piece.tok_end - t0));
-#pragma unroll 1
-        for (int part = 0; part < Traits::kNumParts; ++part) {
-          load_part<Traits>(p, smem, table, kv_head, s, part, t0, valid, phase);
-          trace.mark(pair, 1 + s * Traits::kNumParts + part);  // part issued
-        }
+      for (int i = 0; i < Traits::kNumParts; ++i) {
+        load_part<Traits>(p, smem, table, block, kv_head, stage, Traits::part_order(stage, i), t0,
+                          valid, pair & 1);
+        trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
       }
     }
   }
@@ -326,28 +257,40 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // ---------------------------------------------------------------------------------------------
 // Compute warpgroups.
 
-// S = Q K^T over all pieces, starting each part's k-steps as soon as that part lands.
-template <class Traits, class Mma, class TQ, class TK, class TS>
+// S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order,
+// one wgmma group per part. After the second part's group `after_second_part` runs with at most
+// that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
+template <class Traits, int kStage, class Mma, class TQ, class TK, class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
-                                        uint64_t* full, uint32_t phase) {
+                                        uint64_t* full, uint32_t phase, F&& after_second_part) {
   using namespace cute;
+  constexpr int kSteps = Traits::kPieceDims / 16;
   warpgroup_fence_operand(tSrS);
 #pragma unroll
-  for (int part = 0; part < Traits::kNumParts; ++part) {
-    cutlass::arch::ClusterBarrier::wait(&full[part], phase);
+  for (int i = 0; i < Traits::kNumParts; ++i) {
+    const int part = Traits::part_order(kStage, i);
+    // One fence a part: between a part's pieces only barrier waits come, no register writes.
+    // (A fence a piece made ptxas close a wgmma group a piece, so the wait below for the other
+    // tile's PV waited for this QK^T's earlier pieces too.)
+    cutlass::arch::ClusterBarrier::wait(&full[Traits::part_first_piece(part)], phase);
     warpgroup_arrive();
-    constexpr int kSteps = Traits::kPieceDims / 16;
 #pragma unroll
-    for (int c = part_first_piece<Traits>(part);
-         c < part_first_piece<Traits>(part) + part_pieces<Traits>(part); ++c) {
+    for (int c = Traits::part_first_piece(part);
+         c < Traits::part_first_piece(part) + Traits::part_pieces(part); ++c) {
+      if (c != Traits::part_first_piece(part)) cutlass::arch::ClusterBarrier::wait(&full[c], phase);
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
-        mma.accumulate_ = (c == 0 && kk == 0) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        const bool first = i == 0 && c == Traits::part_first_piece(part) && kk == 0;
+        mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
         gemm(mma, tSrQ(_, _, c * kSteps + kk), tSrK(_, _, c * kSteps + kk), tSrS);
       }
     }
+    warpgroup_commit_batch();
+    if (i == 1) {
+      warpgroup_wait<1>();
+      after_second_part();
+    }
   }
-  warpgroup_commit_batch();
   warpgroup_wait<0>();
   warpgroup_fence_operand(tSrS);
 }
@@ -524,11 +467,9 @@ __device__ __forceinline__ void load_q(const DenseDecodeParams& p, typename Trai
 template <class Traits>
 __device__ __forceinline__ int consume(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int wg, int thread,
-                                        int m_block, int kv_head, int begin_req, int begin_tok,
-                                        int last_req, int end_tok, int begin_split) {
+                                        int m_block, int kv_head) {
   using namespace cute;
   using Element = typename Traits::Element;
-  using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kBlockN = Traits::kBlockN;
   const int t = thread - wg * 128;  // thread in its warpgroup
   const int lane = t % 32;
@@ -576,18 +517,14 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   for (int i = 0; i < 2; ++i) row_of[i] = get<0>(cS_rc(i, 0));
   const bool row_leader = (lane % 4) == 0;  // one of the 4 threads sharing a row writes stats
   const float sl2 = p.scale_log2;
-  // The part of a stage this warpgroup hands back after its PV: V left (WG0) or V right (WG1);
-  // and the RoPE piece of the other warpgroup's stage, after reading the P stored there.
-  const int my_v_part = wg == 0 ? Traits::kPartL : Traits::kPartR;
-
+  auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, wg, t == 0);
   int pair = 0;  // pairs consumed so far by this CTA: the phase of both stages' barriers
-  for (int r = begin_req; r <= last_req; ++r) {
-    const RequestPiece piece = request_piece(p, r, begin_req, begin_tok, last_req, end_tok);
+  for (int r = field(0); r <= field(2); ++r) {
+    const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int n_tiles = piece.num_tiles();
     const int first_split = p.num_splits[r * p.num_splits_stride];
     const int n_splits = p.num_splits[(r + 1) * p.num_splits_stride] - first_split;
-    const int split = begin_split + (r - begin_req);
 
     // Every QK^T of the previous request is done (its epilogue passed kBarEpilogue).
     if (n_tiles > 0) load_q<Traits>(p, smem.q, r, kv_head, m_block, thread);
@@ -608,54 +545,60 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     float l_run[2] = {0.f, 0.f};  // this thread's share of the row sums (quad-reduced at the end)
     clear(tOrO);
 
-    for (int it = 0; it < n_tiles; it += 2, ++pair) {
-      const uint32_t phase = pair & 1;
-      const bool has1 = it + 1 < n_tiles;     // the pair's second tile exists
-      const bool mine = wg == 0 || has1;      // this warpgroup has a tile (stage wg) to score
-      const int k0 = piece.tile_begin + (it + wg) * kBlockN;  // its first key
-      const int valid = max(0, min(kBlockN, piece.tok_end - k0));
-      float mx[2] = {-INFINITY, -INFINITY};
-      // S = Q K^T of this warpgroup's tile, masked, and its row maxima.
-      auto score = [&] {
-        gemm_qk<Traits>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, wg * kStageBytes), tSrS,
-                        smem.full[wg], phase);
-        trace.mark(pair, 2);  // S done
-        if (wg == 0 && p.serialize_qk) bar_arrive(kBarQK0Done, 256);
-        if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
-          mask_tile(S, cS_rc, k0, piece.tok_begin, limit);
-        }
+    const int n_pairs = (n_tiles + 1) / 2;
+    // Pair k's tile in stage `stage`: its first key, and how many of its keys are before the end.
+    auto tile_key = [&](int k, int stage) { return piece.tile_begin + (2 * k + stage) * kBlockN; };
+    auto tile_valid = [&](int k, int stage) {
+      return max(0, min(kBlockN, piece.tok_end - tile_key(k, stage)));
+    };
+    // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
+    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_second_part) {
+      constexpr int kStage = decltype(stage_c)::value;
+      gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
+                              tSrS, smem.full[kStage], phase, after_second_part);
+      warpgroup_fence_operand(tOrO);
+      const int k0 = tile_key(k, kStage);
+      if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
+        mask_tile(S, cS_rc, k0, piece.tok_begin, limit);
+      }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
-      };
-      // The tail both warpgroups share, once their V part of stage 0 is handed back: rescale by
-      // e^(m0 - m1) and add P1 V1 (if tile 1 exists), hand back their V part of stage 1.
-      auto finish_pair = [&](bool has_tile1, auto& tOrP1, const float (&scale1)[2]) {
-        if (has_tile1) {
-          rescale_rows(O, scale1);
-          gemm_pv(mma_pv, tOrP1, at_offset(tOrV, kStageBytes), tOrO);
-          trace.mark(pair, 7);  // PV on tile 1 issued
-          wait_pv(tOrO, tOrP1);
-        }
-        trace.mark(pair, 8);  // PV on tile 1 done
-        release_part(&smem.empty[1][my_v_part], lane, p.cluster_size);
-      };
-      // Wait for this warpgroup's PV on tile 0, hand its V part of stage 0 back.
-      auto finish_tile0 = [&](auto& tOrP0) {
-        wait_pv(tOrO, tOrP0);
-        trace.mark(pair, 6);  // PV on tile 0 done
-        release_part(&smem.empty[0][my_v_part], lane, p.cluster_size);
-      };
-      trace.mark(pair, 0);
-      // QK1 waits for QK0: the tensor pipe then runs QK0, QK1, PV0_L, PV0_R, PV1_L, PV1_R in
-      // that order, softmax 0 hides under QK1, and every part of the next pair's tiles is freed
-      // about three PVs before its QK^T needs it (issued together, QK1' of the next pair waited
-      // for a tile released at that moment: one whole load exposed per pair, v5 run 1).
-      if (wg == 1 && p.serialize_qk) bar_sync(kBarQK0Done, 256);
-      trace.mark(pair, 1);
+      for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
+    };
 
-      if (wg == 0) {
-        if (mine) score();
-        // ---- WG0: softmax of tile 0 against the running max, P0 for itself and for WG1 ----
+    if (wg == 0) {
+      // P of the odd tile of the previous pair (stage 1) from WG1, with WG1's running max and
+      // the factor e^(m_even - m_odd): rescale, hand the stage's RoPE piece (P's buffer) back,
+      // and when the tile exists issue O_L += P V_L on it (not waited for).
+      auto take_odd = [&](bool has_tile) {
+        bar_sync(kBarP1Ready, 256);
+        const float4 st = smem.stats1[t];
+        if (has_tile) load_p(p_buffer(1), tOrP_other, t);
+        if constexpr (Traits::kPInKTile) {
+          __syncwarp();
+          release_part(&smem.empty[1][Traits::kPartRope], lane);
+        }
+        const float scale1[2] = {st.z, st.w};
+        m_run[0] = st.x;
+        m_run[1] = st.y;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
+        rescale_rows(O, scale1);
+        if (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
+      };
+      for (int k = 0; k < n_pairs; ++k, ++pair) {
+        const uint32_t phase = pair & 1;
+        trace.mark(pair, 0);
+        if (k > 0) take_odd(true);  // tile 2k - 1 exists whenever pair k does
+        trace.mark(pair, 1);
+        // ---- S of tile 2k; the PV on tile 2k - 1 runs under it, then its V left goes back ----
+        float mx[2];
+        score(cute::Int<0>{}, k, phase, mx, [&] {
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(tOrP_other);
+          if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
+        });
+        trace.mark(pair, 2);
+        // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -669,137 +612,110 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale0[i] + sum0[i];
         store_p(p_buffer(0), tOrP_own, t);
         smem.max0[t] = make_float2(m_run[0], m_run[1]);
+        const int valid = tile_valid(k, 0);
         const bool zero = valid < kBlockN;
         if (zero) {
           zero_v_rows<Traits>(smem.k[0], valid, t);
           fence_async_smem();  // the zeroed rows before the wgmmas that read them
         }
         bar_arrive(kBarP0Ready, 256);
-        trace.mark(pair, 3);  // P0 published
+        trace.mark(pair, 3);
         if (zero) {
           bar_sync(kBarWg0, 128);
         } else if constexpr (Traits::kPInKTile) {
-          // P0 before the next TMA into the RoPE piece. After the arrive: the fence (a MEMBAR)
-          // stays off WG1's path; that TMA waits for WG1 to have read P0 anyway.
+          // P before the next TMA into the RoPE piece. After the arrive: the fence (a MEMBAR)
+          // stays off WG1's path; that TMA waits for WG1 to have read P anyway.
           fence_async_smem();
         }
+        // ---- O_L += P V_L on tile 2k, then stage 0's V left goes back ----
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, 0), tOrO);
-        trace.mark(pair, 4);  // PV0_L issued
-        // Early (v7): V0_L goes back as soon as PV0_L is done, so its refill overlaps QK1 (P1
-        // comes after QK1 and softmax 1 anyway). Late (v6): after P1 arrived. Two bodies, so
-        // each has its wgmma wait unconditionally (a wait under a branch serialises wgmmas).
-        auto take_p1 = [&](auto early) {
-          if constexpr (decltype(early)::value) finish_tile0(tOrP_own);
-          // ---- WG0: P1 from WG1 ----
-          bar_sync(kBarP1Ready, 256);
-          trace.mark(pair, 5);  // P1 received
-          const float4 st = smem.stats1[t];
-          if (has1) load_p(p_buffer(1), tOrP_other, t);
-          if constexpr (Traits::kPInKTile) {
-            __syncwarp();
-            release_part(&smem.empty[1][Traits::kPartRope], lane, p.cluster_size);
-          }
-          const float scale1[2] = {st.z, st.w};
-          m_run[0] = st.x;
-          m_run[1] = st.y;
-#pragma unroll
-          for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
-          if constexpr (!decltype(early)::value) finish_tile0(tOrP_own);
-          finish_pair(has1, tOrP_other, scale1);  // PV1_L
-        };
-        if (p.release_early) {
-          take_p1(cute::true_type{});
-        } else {
-          take_p1(cute::false_type{});
+        wait_pv(tOrO, tOrP_own);
+        trace.mark(pair, 4);
+        release_part(&smem.empty[0][Traits::kPartL], lane);
+      }
+      if (n_pairs > 0) {
+        // The request's last odd tile, if it has one (an even tile count): its PV, then stage
+        // 1's V left goes back (it completes a phase per pair, loaded or not).
+        const bool has_last = n_tiles % 2 == 0;
+        take_odd(has_last);
+        if (has_last) wait_pv(tOrO, tOrP_other);
+        release_part(&smem.empty[1][Traits::kPartL], lane);
+      }
+    } else {
+      for (int k = 0; k < n_pairs; ++k, ++pair) {
+        const uint32_t phase = pair & 1;
+        const bool has1 = 2 * k + 1 < n_tiles;  // the pair's odd tile exists
+        trace.mark(pair, 0);
+        // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
+        bar_sync(kBarP0Ready, 256);
+        const float2 m0v = smem.max0[t];
+        load_p(p_buffer(0), tOrP_other, t);
+        if constexpr (Traits::kPInKTile) {
+          __syncwarp();
+          release_part(&smem.empty[0][Traits::kPartRope], lane);
         }
-      } else {
-        // ---- WG1: P0 V0_R and the softmax of tile 1 against m0 ----
-        // P0 from WG0: rescale by e^(m - m0), issue O_R += P0 V0_R.
-        float m0[2], scale1[2];
-        auto take_p0 = [&] {
-          bar_sync(kBarP0Ready, 256);
-          trace.mark(pair, 3);  // P0 received
-          const float2 m0v = smem.max0[t];
-          load_p(p_buffer(0), tOrP_other, t);
-          if constexpr (Traits::kPInKTile) {
-            __syncwarp();
-            release_part(&smem.empty[0][Traits::kPartRope], lane, p.cluster_size);
-          }
-          m0[0] = m0v.x;
-          m0[1] = m0v.y;
-          float scale0[2];
+        const float m0[2] = {m0v.x, m0v.y};
+        float scale0[2];
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
-            l_run[i] *= scale0[i];
-          }
-          rescale_rows(O, scale0);
-          gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
-          trace.mark(pair, 4);  // PV0_R issued
-        };
-        // P1 = exp(S1 - m1) for itself and WG0, with m1, e^(m0 - m1) for WG0.
-        auto publish_p1 = [&] {
-          float base1[2], sum1[2] = {0.f, 0.f};
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const float m1 = fmaxf(m0[i], mx[i]);
-            base1[i] = max_base(m1, sl2);
-            scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
-            m_run[i] = m1;
-          }
-          if (mine) {
-            softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP_own);
-            store_p(p_buffer(1), tOrP_own, t);
-          }
-#pragma unroll
-          for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale1[i] + sum1[i];
-          smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
-          const bool zero = mine && valid < kBlockN;
-          if (zero) {
-            zero_v_rows<Traits>(smem.k[1], valid, t);
-            fence_async_smem();
-          }
-          bar_arrive(kBarP1Ready, 256);
-          trace.mark(pair, 5);  // P1 published
-          if (zero) {
-            bar_sync(kBarWg1, 128);
-          } else if constexpr (Traits::kPInKTile) {
-            fence_async_smem();  // P1 before the next TMA into the RoPE piece (as for P0)
-          }
-        };
-        auto body = [&](auto pv_first) {
-          if constexpr (decltype(pv_first)::value) {
-            // Tile 1 has not landed: PV0_R first, so V0_R is refilled while tile 1 arrives.
-            take_p0();
-            finish_tile0(tOrP_other);
-            if (mine) score();
-            publish_p1();
-            finish_pair(mine, tOrP_own, scale1);  // PV1_R
-          } else {
-            // QK1 first: softmax 1 then runs under PV0_R.
-            if (mine) score();
-            take_p0();
-            publish_p1();
-            finish_tile0(tOrP_other);
-            finish_pair(mine, tOrP_own, scale1);  // PV1_R
-          }
-        };
-        // Decided per pair: has the first part of tile 1 landed by the time QK0 is done? Each
-        // thread polls at its own moment, so WG1 agrees by a reduction (a per-thread choice sent
-        // warps into different wgmma sequences: hang, device run 2 of v7).
-        // (release_early 2 always takes PV0_R first: a test knob for that body.)
-        const bool pv_first =
-            p.release_early == 2 ||
-            (p.release_early == 1 &&
-             (!mine || !bar_any(kBarWg1, 128,
-                                cutlass::arch::ClusterBarrier::test_wait(&smem.full[1][0],
-                                                                         phase, 1u))));
-        if (pv_first) {
-          body(cute::true_type{});
-        } else {
-          body(cute::false_type{});
+        for (int i = 0; i < 2; ++i) {
+          scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
+          l_run[i] *= scale0[i];
         }
+        rescale_rows(O, scale0);
+        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
+        trace.mark(pair, 1);
+        // ---- S of tile 2k + 1; the PV on tile 2k runs under it, then stage 0's V right goes
+        // back ----
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (has1) {
+          score(cute::Int<1>{}, k, phase, mx, [&] {
+            warpgroup_fence_operand(tOrO);
+            warpgroup_fence_operand(tOrP_other);
+            release_part(&smem.empty[0][Traits::kPartR], lane);
+          });
+        } else {
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[0][Traits::kPartR], lane);
+        }
+        trace.mark(pair, 2);
+        // ---- softmax of tile 2k + 1 against m0: P, m1 and e^(m0 - m1) for WG0 ----
+        float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float m1 = fmaxf(m0[i], mx[i]);
+          base1[i] = max_base(m1, sl2);
+          scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
+          m_run[i] = m1;
+        }
+        if (has1) {
+          softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP_own);
+          store_p(p_buffer(1), tOrP_own, t);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale1[i] + sum1[i];
+        smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
+        const int valid = tile_valid(k, 1);
+        const bool zero = has1 && valid < kBlockN;
+        if (zero) {
+          zero_v_rows<Traits>(smem.k[1], valid, t);
+          fence_async_smem();
+        }
+        bar_arrive(kBarP1Ready, 256);
+        trace.mark(pair, 3);
+        if (zero) {
+          bar_sync(kBarWg1, 128);
+        } else if constexpr (Traits::kPInKTile) {
+          fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
+        }
+        // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
+        rescale_rows(O, scale1);
+        if (has1) {
+          gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP_own);
+        }
+        trace.mark(pair, 4);
+        release_part(&smem.empty[1][Traits::kPartR], lane);
       }
     }
 
@@ -833,6 +749,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] = lse;
         }
       } else {
+        const int split = field(4) + (r - field(0));
         const int64_t prow = (static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h;
         float* out = p.o_accum + prow * Traits::kHeadDimV + wg * Traits::kVHalfDims;
 #pragma unroll
@@ -872,45 +789,31 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
 #pragma unroll
+      for (int c = 0; c < Traits::kNumPieces; ++c) cutlass::arch::ClusterBarrier::init(&smem.full[s][c], 1);
+#pragma unroll
       for (int part = 0; part < Traits::kNumParts; ++part) {
-        cutlass::arch::ClusterBarrier::init(&smem.full[s][part], 1);
-        // lane 0 of 4 warps of every CTA of the cluster
-        cutlass::arch::ClusterBarrier::init(&smem.empty[s][part], 4 * params.cluster_size);
+        cutlass::arch::ClusterBarrier::init(&smem.empty[s][part], 4);  // lane 0 of 4 warps
       }
     }
     cutlass::arch::fence_barrier_init();
+    const int32_t* meta = params.metadata + blockIdx.z * params.metadata_stride_part;
+#pragma unroll
+    for (int f = 0; f < 5; ++f) smem.range[f] = meta[f * params.metadata_stride_field];
   }
-  // The partner CTA multicasts into this CTA's smem and arrives on its barriers: both CTAs'
-  // barriers are initialised before either starts, and neither exits before both are done.
-  const bool clustered = params.cluster_size > 1;
   __syncthreads();
-  if (clustered) {
-    cute::cluster_arrive_relaxed();
-    cute::cluster_wait();
-  }
   // The combine grid may launch now; it waits for this grid to finish before reading partials.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
-  // The worker's range is read after setmaxnreg: values live across it get spilled.
-  auto read_range = [&](int (&m)[5]) {
-    const int32_t* meta = params.metadata + blockIdx.z * params.metadata_stride_part;
-#pragma unroll
-    for (int f = 0; f < 5; ++f) m[f] = meta[f * params.metadata_stride_field];
-  };
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (thread == 256) {
-      int m[5];
-      read_range(m);
+    const int stage = thread / 32 - 8;  // warp 8: stage 0, warp 9: stage 1
+    if (thread % 32 == 0 && stage < Traits::kStages) {
       cute::prefetch_tma_descriptor(&params.tma_k);
-      produce<Traits>(params, smem, blockIdx.y, m[0], m[1], m[2], m[3]);
+      produce<Traits>(params, smem, blockIdx.y, stage);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
-    int m[5];
-    read_range(m);
-    const int pairs = consume<Traits>(params, smem, wg, thread, blockIdx.x, blockIdx.y, m[0],
-                                      m[1], m[2], m[3], m[4]);
+    const int pairs = consume<Traits>(params, smem, wg, thread, blockIdx.x, blockIdx.y);
 #if defined(OPENMLA_DENSE_DECODE_TRACE)
     const int cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     if (params.trace != nullptr && thread == 0 && cta < kTraceMaxCtas) {
@@ -930,10 +833,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     (void)pairs;
 #endif
   }
-  if (clustered) {
-    // Not the .aligned forms: the producer warp's lanes arrive here at different times.
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-  }
 }
 
 }  // namespace openmla::cuda::sm90
@@ -950,42 +849,12 @@ cudaError_t launch_dense_decode_kernel(const DenseDecodeParams& params, int num_
   static const cudaError_t attr_error = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (attr_error != cudaSuccess) return attr_error;
-  const dim3 grid(num_m_blocks, h_kv, num_sm_parts);
   cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
+  config.gridDim = dim3(num_m_blocks, h_kv, num_sm_parts);
   config.blockDim = dim3(Traits::kNumThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  if (params.cluster_size == 2 && num_m_blocks % 2 == 0) {
-    // The schedule assumes every CTA of the grid is resident at once (one wave): a GPU that
-    // cannot hold that many 2-CTA clusters side by side gets the unclustered kernel.
-    static int max_clusters = -1;
-    if (max_clusters < 0) {
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config) != cudaSuccess) {
-        max_clusters = 0;
-        (void)cudaGetLastError();
-      }
-    }
-    if (2 * max_clusters >= static_cast<int>(grid.x * grid.y * grid.z)) {
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      dense_decode_tuning().last_cluster_size = 2;
-      return cudaLaunchKernelEx(&config, kernel, params);
-    }
-  }
-  dense_decode_tuning().last_cluster_size = 1;
-  DenseDecodeParams alone = params;
-  alone.cluster_size = 1;
-  config.attrs = nullptr;
-  config.numAttrs = 0;
-  return cudaLaunchKernelEx(&config, kernel, alone);
+  return cudaLaunchKernelEx(&config, kernel, params);
 }
 
 }  // namespace openmla::cuda::sm90

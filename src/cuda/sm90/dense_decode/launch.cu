@@ -286,14 +286,8 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   const int m_blocks = (params.rows + 63) / 64;
   // One CTA per kv block read: evict it from L2 first. Several m-blocks share each tile.
   const DenseDecodeTuning& tuning = dense_decode_tuning();
-  // m-blocks 2i, 2i+1 share their tiles' loads (2-CTA cluster, multicast) when m_blocks is even.
-  params.cluster_size = tuning.multicast != 0 && m_blocks % 2 == 0 ? 2 : 1;
-  const bool evict_first =
-      tuning.evict_first >= 0 ? tuning.evict_first == 1 : m_blocks == params.cluster_size;
+  const bool evict_first = tuning.evict_first >= 0 ? tuning.evict_first == 1 : m_blocks == 1;
   params.cache_hint = evict_first ? 0x12F0000000000000ull : 0x1000000000000000ull;
-  params.l2_prefetch_tiles = tuning.l2_prefetch_tiles > 0 ? tuning.l2_prefetch_tiles : 0;
-  params.serialize_qk = tuning.serialize_qk != 0 ? 1 : 0;
-  params.release_early = tuning.release_early < 0 ? 0 : (tuning.release_early > 2 ? 2 : tuning.release_early);
   params.trace = tuning.trace;
   params.trace_pairs = tuning.trace != nullptr ? tuning.trace_pairs : 0;
 

@@ -31,17 +31,7 @@ size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int d_v, int nu
 // Process-wide knobs of the kernel, read at each launch (benchmarks sweep them; defaults are the
 // measured best, NOTES.md).
 struct DenseDecodeTuning {
-  int l2_prefetch_tiles = 0;  // tiles prefetched into L2 ahead of the TMA loads (0: measured best)
-  int evict_first = -1;       // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks
-  int serialize_qk = 1;       // 1: WG1's QK^T waits for WG0's (FlashMLA's order); 0: both at once
-  // 1: each warpgroup hands its half of stage 0's V back as soon as its PV on tile 0 is done, and
-  // WG1 runs that PV before its QK^T when tile 1 has not landed yet (NOTES.md v7); 0: v6's order;
-  // 2: WG1 always runs that PV first (tests cover both of WG1's bodies with 1 and 2).
-  int release_early = 1;
-  // 1: pairs of m-blocks share tile loads in a 2-CTA cluster (multicast). Correct (tests) but
-  // measured slower (h_q 128, L 4096: 531 µs vs 418 without, NOTES.md v6): off by default.
-  int multicast = 0;
-  int last_cluster_size = 0;  // written by each launch: the cluster size the kernel ran with
+  int evict_first = -1;  // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

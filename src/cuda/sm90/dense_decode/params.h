@@ -40,13 +40,9 @@ struct DenseDecodeParams {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
   int causal;
-  uint64_t cache_hint;    // L2 hint of the KV loads
-  int l2_prefetch_tiles;  // the producer prefetches tiles this far ahead into L2 (0: none)
-  int serialize_qk;       // WG1's QK^T of a pair waits until WG0's is done (kBarQK0Done)
-  int release_early;      // 0 v6 order, 1 stage-0 V handed back early, 2 and WG1 PV0_R always first
-  int cluster_size;       // 1, or 2: m-blocks 2i, 2i+1 form a cluster sharing tile loads (multicast)
+  uint64_t cache_hint;  // L2 hint of the KV loads
   // Timeline (clock64) of CTA (0,0,0)'s first trace_pairs pairs, [role][pair][event] with role
-  // WG0, WG1, producer and kTraceEvents events each; then, per CTA (linear block id below
+  // WG0, WG1, producers (both stages) and kTraceEvents events each; then, per CTA (linear block id below
   // kTraceMaxCtas), {globaltimer at start, at end, clock64 at start, at end, SM id, pairs}. Null: off
   // (bench/profile only; a build with OPENMLA_DENSE_DECODE_TRACE).
   long long* trace;

@@ -28,15 +28,27 @@ struct DenseDecodeTraits {
   static constexpr int kBlockN = 64;  // keys per tile (one pipeline stage); QK^T is m64n64k16:
                                       // 4 KB of smem operands per 32-clock step, the 128 B/clk
                                       // smem rate exactly (n32 needed 1.5x that: v2-v4)
-  // A tile is stored as pieces of 64 keys x 64 dims (8 KB, 128 B rows, one TMA box each), in
-  // three parts with a transaction barrier and a release barrier each: V left (pieces 0-3, dims
-  // 0-255, WG0's PV), V right (pieces 4-7, WG1's PV) and RoPE (piece 8, d 576 only). QK^T starts
-  // on the first part that lands; each part is refilled as soon as its last reader is done.
+  // A tile is stored as pieces of 64 keys x 64 dims (8 KB, 128 B rows, one TMA box each), each
+  // with its own transaction barrier, so QK^T starts on the first piece that lands. They are
+  // handed back in three parts (a release barrier each): V left (pieces 0-3, dims 0-255, WG0's
+  // PV), V right (pieces 4-7, WG1's PV) and RoPE (piece 8, d 576 only: free after QK^T).
   static constexpr int kPieceDims = 64;
   static constexpr int kNumPieces = kHeadDimQK / kPieceDims;  // 9 (d 576) or 8 (d 512)
   static constexpr int kNumVPieces = kHeadDimV / kPieceDims;  // 8
   static constexpr int kPartL = 0, kPartR = 1, kPartRope = 2;
   static constexpr int kNumParts = kNumPieces > kNumVPieces ? 3 : 2;
+  // The order in which a stage's parts are refilled and then read by QK^T: the order they are
+  // handed back (NOTES.md v9). Stage 0: RoPE (WG1 has read P0 from it), V left (WG0's PV on
+  // the tile, issued right after its softmax), V right (WG1's PV, run under its next QK^T).
+  // Stage 1: RoPE (WG0 has read P1), V right (WG1's PV right after its softmax), V left (WG0's
+  // PV, run under its next QK^T).
+  static constexpr int part_order(int stage, int i) {
+    return kNumParts == 3 ? (stage == 0 ? (i == 0 ? kPartRope : i == 1 ? kPartL : kPartR)
+                                        : (i == 0 ? kPartRope : i == 1 ? kPartR : kPartL))
+                          : (stage == 0 ? (i == 0 ? kPartL : kPartR) : (i == 0 ? kPartR : kPartL));
+  }
+  static constexpr int part_first_piece(int part) { return part * 4; }  // L 0-3, R 4-7, RoPE 8
+  static constexpr int part_pieces(int part) { return part == kPartRope ? kNumPieces - 8 : 4; }
   static constexpr int kPieceElems = kBlockN * kPieceDims;  // 4096
   static constexpr int kPieceBytes = kPieceElems * 2;       // 8 KB
   static constexpr int kTileElems = kBlockN * kHeadDimQK;
@@ -48,10 +60,10 @@ struct DenseDecodeTraits {
   static constexpr bool kPInKTile = kNumPieces > kNumVPieces;
   static constexpr int kPBytes = kBlockM * kBlockN * 2;
   static_assert(kPBytes == kPieceBytes);
-  static constexpr int kStages = 2;  // the two tiles of a pair
+  static constexpr int kStages = 2;  // the two tiles of a pair (WG0 scores stage 0, WG1 stage 1)
 
   static constexpr int kNumMmaThreads = 256;  // WG0 + WG1
-  static constexpr int kNumThreads = 384;     // + producer WG2
+  static constexpr int kNumThreads = 384;     // + producer WG2 (one warp per stage)
   static constexpr int kVHalfDims = kHeadDimV / 2;  // 256 output dims per compute warpgroup
   // setmaxnreg: 2 x 232 + 40 = 504 registers per thread slot = the 384 x 168 the CTA launches
   // with. The producer's request/tile walk spills at 24; the compute warpgroups fit in 232.
@@ -99,7 +111,10 @@ struct DenseDecodeTraits {
     float2 max0[128];
     float4 stats1[128];
     float row_sum[2][kBlockM];  // per compute warpgroup, exchanged in the epilogue
-    alignas(8) uint64_t full[kStages][kNumParts];   // TMA landed, per (stage, part)
+    // The CTA's schedule row {begin_request, begin_token, end_request, end_token, begin_split},
+    // read where it is used: held in registers across the walk, it was spilled.
+    int range[5];
+    alignas(8) uint64_t full[kStages][kNumPieces];  // TMA landed, per (stage, piece)
     uint64_t empty[kStages][kNumParts];             // the part's last reader is done
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + align
