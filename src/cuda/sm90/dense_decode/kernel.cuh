@@ -171,51 +171,55 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
 }
 
 // ---------------------------------------------------------------------------------------------
-// Producers: lane 0 of warp 8 fills stage 0 (the even tiles), lane 0 of warp 9 stage 1 (the odd
-// tiles), each refilling a part as soon as it is handed back, in the stage's part order. (One
+// Producers: lane 0 of warps 8 and 9 fill stage 0 (the even tiles), lane 0 of warps 10 and 11
+// stage 1 (the odd tiles), each refilling its pieces of a part as soon as the part is handed
+// back, in the stage's part order. (One
 // thread issuing both stages in a fixed order waited for the part handed back last while the
 // others sat free; a producer warp holding block ids ahead or prefetching into L2 measured no
 // better: NOTES.md v3, v5c, v8.)
 
+// A thread issuing TMA keeps only a few boxes in flight: one thread streams ~32 GB/s into an SM
+// from DRAM (~42 from L2) however many slots are free, two threads in two warps twice that
+// (openmla_bench_tma_stream, NOTES.md v10). So each stage's pieces are issued by two warps.
+constexpr int kIssuersPerStage = 2;
+
 // One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`, each
-// piece completing its own barrier. Pages of >= 64 keys: one 64-key box per piece (`block` is
+// piece completing its own barrier; this thread issues the part's pieces sub, sub + 2, ... Pages of >= 64 keys: one 64-key box per piece (`block` is
 // the tile's block). Smaller pages: one box per (page, piece), pages past the last valid key not
 // loaded (the consumers zero those V rows and mask those keys).
-template <class Traits>
+template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
                                           typename Traits::SharedStorage& smem,
-                                          const int32_t* table, int block, int kv_head, int stage,
-                                          int part, int t0, int valid, uint32_t phase) {
+                                          const int32_t* table, int block, int row, int kv_head,
+                                          int stage, int part, int t0, int valid, uint32_t phase,
+                                          int sub) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  const int page_size = p.page_size;
   const int first = Traits::part_first_piece(part), n = Traits::part_pieces(part);
   cutlass::arch::ClusterBarrier::wait(&smem.empty[stage][part], phase ^ 1);
   typename Traits::Element* dst = smem.k[stage] + first * Traits::kPieceElems;
-  // (Loops kept rolled: unrolled, the small-page path's table reads and addresses needed more
-  // registers than the producer has.)
-  if (page_size >= Traits::kBlockN) {
+  // (Loops kept rolled and no divisions: the producers have 40 registers.)
+  if constexpr (!kSmallPages) {  // `block`, `row`: the tile's block and first row in it
 #pragma unroll 1
-    for (int c = 0; c < n; ++c) {
+    for (int c = sub; c < n; c += kIssuersPerStage) {
       uint64_t* full = &smem.full[stage][first + c];
       Barrier::arrive_and_expect_tx(full, valid > 0 ? Traits::kPieceBytes : 0);
       if (valid > 0) {
         cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, p.cache_hint, dst + c * Traits::kPieceElems,
-                                     (first + c) * Traits::kPieceDims, t0 % page_size, kv_head,
-                                     block);
+                                     (first + c) * Traits::kPieceDims, row, kv_head, block);
       }
     }
-  } else {
-    const int pages = (valid + page_size - 1) / page_size;
-    const int first_page = t0 / page_size;
+  } else {  // pages of 8, 16 or 32 keys (2^page_shift): the tile's pages from the table
+    const int pages = (valid + p.page_size - 1) >> p.page_shift;
+    const int first_page = t0 >> p.page_shift;
 #pragma unroll 1
-    for (int c = 0; c < n; ++c) {
+    for (int c = sub; c < n; c += kIssuersPerStage) {
       uint64_t* full = &smem.full[stage][first + c];
-      Barrier::arrive_and_expect_tx(full, static_cast<uint32_t>(pages * page_size * 128));
+      Barrier::arrive_and_expect_tx(full, static_cast<uint32_t>(pages * p.page_size * 128));
 #pragma unroll 1
       for (int j = 0; j < pages; ++j) {
         const int b = table[(first_page + j) * p.block_table_stride_n];
         cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, p.cache_hint,
-                                     dst + c * Traits::kPieceElems + j * page_size * Traits::kPieceDims,
+                                     dst + c * Traits::kPieceElems + j * p.page_size * Traits::kPieceDims,
                                      (first + c) * Traits::kPieceDims, 0, kv_head, b);
       }
     }
@@ -225,12 +229,12 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
 // Stage `stage`'s tiles of every request piece of this worker: tile 2k + stage of each pair k.
 // Tile 1 of a pair past the piece's end is an empty load (0 bytes): every barrier still completes
 // one phase per pair, so both sides count pairs alone.
-template <class Traits>
+template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
-                                        int stage) {
+                                        int stage, int sub) {
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
-  const Tracer trace(p, 2, true);
+  const Tracer trace(p, 2, sub == 0);
   int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
   for (int r = field(0); r <= field(2); ++r) {
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
@@ -239,15 +243,19 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
     for (int it = stage; it < n_tiles + stage; it += 2, ++pair) {
       const int t0 = piece.tile_begin + it * Traits::kBlockN;
       const int valid = max(0, min(Traits::kBlockN, piece.tok_end - t0));
-      // Pages of >= 64 keys: the tile's one block id, read before the first part is free.
-      const int block = valid > 0 && p.page_size >= Traits::kBlockN
-                            ? table[(t0 / p.page_size) * p.block_table_stride_n]
-                            : 0;
+      // Pages of >= 64 keys: the tile's one block id (read before the first part is free) and its
+      // first row in that block.
+      int block = 0, row = 0;
+      if constexpr (!kSmallPages) {
+        const int page = t0 / p.page_size;
+        if (valid > 0) block = table[page * p.block_table_stride_n];
+        row = t0 - page * p.page_size;
+      }
       if (stage == 0) trace.mark(pair, 0);
 #pragma unroll 1
       for (int i = 0; i < Traits::kNumParts; ++i) {
-        load_part<Traits>(p, smem, table, block, kv_head, stage, Traits::part_order(stage, i), t0,
-                          valid, pair & 1);
+        load_part<Traits, kSmallPages>(p, smem, table, block, row, kv_head, stage,
+                                       Traits::part_order(stage, i), t0, valid, pair & 1, sub);
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
       }
     }
@@ -806,10 +814,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    const int stage = thread / 32 - 8;  // warp 8: stage 0, warp 9: stage 1
-    if (thread % 32 == 0 && stage < Traits::kStages) {
+    const int producer = thread / 32 - 8;  // warps 8, 9: stage 0; warps 10, 11: stage 1
+    if (thread % 32 == 0) {
       cute::prefetch_tma_descriptor(&params.tma_k);
-      produce<Traits>(params, smem, blockIdx.y, stage);
+      // Two walks, so each holds only its own page arithmetic in the producers' 40 registers.
+      if (params.page_size >= Traits::kBlockN) {
+        produce<Traits, false>(params, smem, blockIdx.y, producer / kIssuersPerStage,
+                               producer % kIssuersPerStage);
+      } else {
+        produce<Traits, true>(params, smem, blockIdx.y, producer / kIssuersPerStage,
+                              producer % kIssuersPerStage);
+      }
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();

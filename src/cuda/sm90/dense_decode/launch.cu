@@ -118,9 +118,15 @@ Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape
   cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dtype = k.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const int promotion_bytes = dense_decode_tuning().l2_promotion;
+  const CUtensorMapL2promotion promotion =
+      promotion_bytes >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+      : promotion_bytes >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+      : promotion_bytes >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                               : CU_TENSOR_MAP_L2_PROMOTION_NONE;
   const CUresult res = encode(map, dtype, 4, base, dims, strides, box, element_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     return invalid("k_cache: the TMA tensor map could not be encoded (CUresult ", static_cast<int>(res),
                    ") for shape ", k.shape_string(), " and strides ", strides_string(k));
@@ -278,6 +284,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.group = static_cast<int>(shape.h_q / shape.h_kv);
   params.rows = params.s_q * params.group;
   params.page_size = static_cast<int>(page_size);
+  params.page_shift = page_size == 8 ? 3 : page_size == 16 ? 4 : page_size == 32 ? 5 : 0;
   params.capacity = shape.num_blocks > 0 && args.k_cache.data != nullptr
                         ? shape.max_blocks * page_size : 0;
   params.scale = shape.softmax_scale;

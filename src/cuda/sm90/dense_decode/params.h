@@ -36,6 +36,7 @@ struct DenseDecodeParams {
   int group;         // h_q / h_kv: query heads per kv head (consecutive)
   int rows;          // s_q * group: query rows per (request, kv head)
   int page_size;
+  int page_shift;    // log2(page_size) for pages of 8, 16 or 32 keys
   int64_t capacity;  // max_blocks * page_size (0 with an empty cache): keys beyond are never read
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)

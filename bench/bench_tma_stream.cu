@@ -1,0 +1,187 @@
+// How fast one SM can pull the dense decode kernel's KV tiles into shared memory, with nothing
+// else running: one CTA per SM streams 64-key x 64-dim boxes (8 KB, the kernel's TMA piece) of a
+// bf16 paged cache laid out as the kernel reads it (d 576, page 64), keeping `slots` boxes in
+// flight, issued by TMA from 1, 2 or 4 threads, or copied by all 128 threads with cp.async (the
+// LSU path). The boxes come from DRAM (every SM its own blocks), half from L2 (SM pairs read the
+// same blocks, as the two m-blocks of h_q 128 do), or all from L2 (256 blocks shared by all).
+// NOTES.md (dense_decode, v9) says what the figures decided.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+constexpr int kThreads = 128;
+constexpr int kMaxSlots = 24;      // 192 KB of 8 KB boxes
+constexpr int kPieces = 9;         // 64-dim pieces of a 576-dim token
+constexpr int kBoxBytes = 64 * 128;
+constexpr int kTokenBytes = 576 * 2;
+
+struct Params {
+  const char* cache;  // [blocks][64 tokens][576] bf16
+  int boxes;          // per CTA
+  int slots;          // boxes in flight per CTA
+  int issuers;        // TMA: threads issuing (lane 0 of warps 0..issuers-1); 0: cp.async path
+  int mode;           // 0 own blocks (DRAM), 1 SM pairs share blocks, 2 all share 256 blocks
+  int blocks_per_cta;
+};
+
+__device__ __forceinline__ int block_of(const Params& p, int n) {
+  const int b = n / kPieces;
+  if (p.mode == 2) return b % 256;
+  const int owner = p.mode == 1 ? blockIdx.x / 2 : blockIdx.x;
+  return owner * p.blocks_per_cta + b % p.blocks_per_cta;
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    stream_kernel(const __grid_constant__ CUtensorMap map, const Params p) {
+  extern __shared__ __align__(1024) char smem[];
+  __shared__ alignas(8) uint64_t full[kMaxSlots];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if (p.issuers > 0) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < p.slots; ++s) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
+            static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]))));
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (lane != 0 || warp >= p.issuers) return;
+    // Slot s always holds boxes n = s (mod slots), issued by thread n mod issuers (slots is a
+    // multiple of issuers), which waits for the slot's previous box before reusing it.
+    for (int n = warp; n < p.boxes; n += p.issuers) {
+      const int s = n % p.slots;
+      const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
+      if (n >= p.slots) {  // the slot's previous box has landed
+        const uint32_t parity = ((n / p.slots) - 1) & 1;
+        asm volatile(
+            "{\n\t.reg .pred done;\n\tWAIT:\n\t"
+            "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+            "@!done bra WAIT;\n\t}" ::"r"(bar), "r"(parity) : "memory");
+      }
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                   "r"(kBoxBytes) : "memory");
+      const int c = n % kPieces, block = block_of(p, n);
+      asm volatile(
+          "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+          " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_base + s * kBoxBytes),
+          "l"(&map), "r"(bar), "r"(c * 64), "r"(0), "r"(0), "r"(block) : "memory");
+    }
+    // Drain: wait for the last box of every slot this thread filled.
+    for (int s = 0; s < p.slots; ++s) {
+      const int last = ((p.boxes - 1 - s) / p.slots) * p.slots + s;  // last n with n % slots == s
+      if (last < 0 || last % p.issuers != warp) continue;
+      const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
+      const uint32_t parity = (last / p.slots) & 1;
+      asm volatile(
+          "{\n\t.reg .pred done;\n\tDRAIN:\n\t"
+          "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+          "@!done bra DRAIN;\n\t}" ::"r"(bar), "r"(parity) : "memory");
+    }
+    return;
+  }
+  // cp.async: every thread copies 4 x 16 B of each box (row = token, 8 chunks of 16 B a row),
+  // keeping `slots` boxes (commit groups) in flight.
+  for (int n = 0; n < p.boxes; ++n) {
+    const int s = n % p.slots, c = n % kPieces, block = block_of(p, n);
+    const char* src = p.cache + static_cast<int64_t>(block) * 64 * kTokenBytes + c * 128;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int idx = k * kThreads + threadIdx.x, row = idx / 8, ch = idx % 8;
+      const uint32_t dst = smem_base + s * kBoxBytes + row * 128 + ((ch ^ (row & 7)) << 4);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+                   "l"(src + row * kTokenBytes + ch * 16) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    switch (p.slots) {  // wait_group takes an immediate
+      case 4: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+      case 8: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+      case 12: asm volatile("cp.async.wait_group 11;" ::: "memory"); break;
+      case 16: asm volatile("cp.async.wait_group 15;" ::: "memory"); break;
+      default: asm volatile("cp.async.wait_group 23;" ::: "memory"); break;
+    }
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  const int sms = prop.multiProcessorCount;
+  const int blocks_per_cta = 512;  // 36.9 MB a CTA: the whole cache is 4.9 GB, far above L2
+  const size_t blocks = static_cast<size_t>(sms) * blocks_per_cta;
+  const size_t bytes = blocks * 64 * kTokenBytes;
+  char* cache = nullptr;
+  check(cudaMalloc(&cache, bytes), "malloc");
+  check(cudaMemset(cache, 0x3c, bytes), "memset");
+
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
+        "entry point");
+  auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  CUtensorMap map;
+  cuuint64_t dims[4] = {576, 64, 1, blocks};
+  cuuint64_t strides[3] = {kTokenBytes, 64ull * kTokenBytes, 64ull * kTokenBytes};
+  cuuint32_t box[4] = {64, 64, 1, 1}, estr[4] = {1, 1, 1, 1};
+  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, cache, dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "tensor map\n");
+    return 1;
+  }
+  const int smem_bytes = kMaxSlots * kBoxBytes + 1024;
+  check(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+        "attr");
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  const char* modes[] = {"DRAM (own blocks)", "SM pairs share", "L2 (256 blocks)"};
+  std::printf("## KV-tile streaming into shared memory, %s (%d SMs), one CTA per SM\n\n", prop.name, sms);
+  std::printf("| source | path | boxes in flight (KB) | GB/s | GB/s per SM |\n|---|---|---|---|---|\n");
+  for (int mode : {0, 1, 2}) {
+    struct V { int issuers, slots; };
+    const V variants[] = {{1, 4}, {1, 8}, {1, 16}, {1, 24}, {2, 16}, {4, 16}, {4, 24},
+                          {0, 4}, {0, 8}, {0, 16}, {0, 24}};
+    for (const V& v : variants) {
+      Params p{cache, blocks_per_cta * kPieces, v.slots, v.issuers, mode, blocks_per_cta};
+      std::vector<float> ms;
+      for (int it = 0; it < 6; ++it) {
+        cudaEventRecord(a);
+        stream_kernel<<<sms, kThreads, smem_bytes>>>(map, p);
+        cudaEventRecord(b);
+        check(cudaEventSynchronize(b), "run");
+        float t = 0.f;
+        cudaEventElapsedTime(&t, a, b);
+        if (it > 0) ms.push_back(t);
+      }
+      check(cudaGetLastError(), "kernel");
+      std::sort(ms.begin(), ms.end());
+      const double moved = static_cast<double>(sms) * p.boxes * kBoxBytes;
+      const double gbs = moved / (ms[ms.size() / 2] * 1e-3) / 1e9;
+      std::printf("| %s | %s | %d (%d) | %.0f | %.1f |\n", modes[mode],
+                  v.issuers ? (v.issuers == 1 ? "TMA, 1 thread" : v.issuers == 2 ? "TMA, 2 threads" : "TMA, 4 threads")
+                            : "cp.async, 128 threads",
+                  v.slots, v.slots * 8, gbs, gbs / sms);
+    }
+  }
+  cudaFree(cache);
+  return 0;
+}
