@@ -7,17 +7,18 @@
 // even tiles (stage 0), WG1 the odd ones (stage 1), and both multiply every tile's P by their
 // half of V (WG0 dims 0-255, WG1 256-511). Per pair k (tiles 2k, 2k+1), with m the running max:
 //
-//   WG0: P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L; V(2k-1)_L
-//        handed back; S = Q K(2k)^T piece by piece as they land; m(2k) = max(m, rowmax S);
-//        P(2k) -> smem for WG1; O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L; handed back
-//   WG1: P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R; V(2k)_R handed
-//        back; S = Q K(2k+1)^T piece by piece; m(2k+1); P(2k+1) -> smem for WG0;
-//        O_R *= e^(m(2k) - m(2k+1)); O_R += P(2k+1) V(2k+1)_R; handed back
+//   WG0: P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L   (issued)
+//        S = Q K(2k)^T piece by piece as they land (PV above runs under it; V(2k-1)_L handed
+//        back once it is done); m(2k) = max(m, rowmax S); P(2k) -> smem for WG1;
+//        O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L; V(2k)_L handed back
+//   WG1: P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R           (issued)
+//        S = Q K(2k+1)^T piece by piece (PV above under it; V(2k)_R handed back when done);
+//        m(2k+1); P(2k+1) -> smem for WG0; O_R *= ...; O_R += P(2k+1) V(2k+1)_R; handed back
 //
-// so one warpgroup's PVs run on the tensor pipe while the other's QK^T streams its tile in, and
-// every part of a stage goes back to its producers the moment its last reader is done (v7 held
-// both stages until a pair's four PVs were done). Each part of a stage (V left, V right, RoPE)
-// is refilled at once by the stage's two producer warps, in the order parts come back. V is the
+// so each tile's PVs run while the next tile's K streams in and is scored, and a stage goes back
+// to its producer warp as soon as its last PV is done (v7 held both stages until a pair's four
+// PVs were done). Each part of a stage (V left, V right, RoPE) is handed back by its last reader
+// and refilled at once by the stage's own producer warp, in the order parts come back. V is the
 // first 512 dims of the same keys (read transposed, MN-major). A request with one split writes
 // out/lse here; otherwise the split's fp32 partial goes to the workspace for combine.cu, which
 // this grid lets launch early.
@@ -264,21 +265,27 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // ---------------------------------------------------------------------------------------------
 // Compute warpgroups.
 
-// S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order.
-template <class Traits, int kStage, class Mma, class TQ, class TK, class TS>
+// S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order,
+// one wgmma group per part. After the second part's group `after_second_part` runs with at most
+// that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
+template <class Traits, int kStage, class Mma, class TQ, class TK, class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
-                                        uint64_t* full, uint32_t phase) {
+                                        uint64_t* full, uint32_t phase, F&& after_second_part) {
   using namespace cute;
   constexpr int kSteps = Traits::kPieceDims / 16;
   warpgroup_fence_operand(tSrS);
 #pragma unroll
   for (int i = 0; i < Traits::kNumParts; ++i) {
     const int part = Traits::part_order(kStage, i);
+    // One fence a part: between a part's pieces only barrier waits come, no register writes.
+    // (A fence a piece made ptxas close a wgmma group a piece, so the wait below for the other
+    // tile's PV waited for this QK^T's earlier pieces too.)
+    cutlass::arch::ClusterBarrier::wait(&full[Traits::part_first_piece(part)], phase);
+    warpgroup_arrive();
 #pragma unroll
     for (int c = Traits::part_first_piece(part);
          c < Traits::part_first_piece(part) + Traits::part_pieces(part); ++c) {
-      cutlass::arch::ClusterBarrier::wait(&full[c], phase);
-      warpgroup_arrive();
+      if (c != Traits::part_first_piece(part)) cutlass::arch::ClusterBarrier::wait(&full[c], phase);
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
         const bool first = i == 0 && c == Traits::part_first_piece(part) && kk == 0;
@@ -286,8 +293,12 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
         gemm(mma, tSrQ(_, _, c * kSteps + kk), tSrK(_, _, c * kSteps + kk), tSrS);
       }
     }
+    warpgroup_commit_batch();
+    if (i == 1) {
+      warpgroup_wait<1>();
+      after_second_part();
+    }
   }
-  warpgroup_commit_batch();
   warpgroup_wait<0>();
   warpgroup_fence_operand(tSrS);
 }
@@ -549,10 +560,11 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       return max(0, min(kBlockN, piece.tok_end - tile_key(k, stage)));
     };
     // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
-    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2]) {
+    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_second_part) {
       constexpr int kStage = decltype(stage_c)::value;
       gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
-                              tSrS, smem.full[kStage], phase);
+                              tSrS, smem.full[kStage], phase, after_second_part);
+      warpgroup_fence_operand(tOrO);
       const int k0 = tile_key(k, kStage);
       if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
         mask_tile(S, cS_rc, k0, piece.tok_begin, limit);
@@ -579,23 +591,20 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
         rescale_rows(O, scale1);
-        if (has_tile) {
-          gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
-          wait_pv(tOrO, tOrP_other);
-        }
-        release_part(&smem.empty[1][Traits::kPartL], lane);  // (a phase per pair, loaded or not)
+        if (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
       };
       for (int k = 0; k < n_pairs; ++k, ++pair) {
         const uint32_t phase = pair & 1;
         trace.mark(pair, 0);
-        // Tile 2k - 1 exists whenever pair k does. Its PV is waited for here and its V left
-        // handed back at once: QK^T of tile 2k queues behind it on the tensor pipe anyway, and
-        // waited for under that QK^T, the part went back ~1.4k clocks later (v10 timeline).
-        if (k > 0) take_odd(true);
+        if (k > 0) take_odd(true);  // tile 2k - 1 exists whenever pair k does
         trace.mark(pair, 1);
-        // ---- S of tile 2k ----
+        // ---- S of tile 2k; the PV on tile 2k - 1 runs under it, then its V left goes back ----
         float mx[2];
-        score(cute::Int<0>{}, k, phase, mx);
+        score(cute::Int<0>{}, k, phase, mx, [&] {
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(tOrP_other);
+          if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
+        });
         trace.mark(pair, 2);
         // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
@@ -635,8 +644,11 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       }
       if (n_pairs > 0) {
         // The request's last odd tile, if it has one (an even tile count): its PV, then stage
-        // 1's V left goes back.
-        take_odd(n_tiles % 2 == 0);
+        // 1's V left goes back (it completes a phase per pair, loaded or not).
+        const bool has_last = n_tiles % 2 == 0;
+        take_odd(has_last);
+        if (has_last) wait_pv(tOrO, tOrP_other);
+        release_part(&smem.empty[1][Traits::kPartL], lane);
       }
     } else {
       for (int k = 0; k < n_pairs; ++k, ++pair) {
@@ -660,12 +672,20 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
-        wait_pv(tOrO, tOrP_other);  // (as WG0's: the part goes back before the QK^T)
-        release_part(&smem.empty[0][Traits::kPartR], lane);
         trace.mark(pair, 1);
-        // ---- S of tile 2k + 1 ----
+        // ---- S of tile 2k + 1; the PV on tile 2k runs under it, then stage 0's V right goes
+        // back ----
         float mx[2] = {-INFINITY, -INFINITY};
-        if (has1) score(cute::Int<1>{}, k, phase, mx);
+        if (has1) {
+          score(cute::Int<1>{}, k, phase, mx, [&] {
+            warpgroup_fence_operand(tOrO);
+            warpgroup_fence_operand(tOrP_other);
+            release_part(&smem.empty[0][Traits::kPartR], lane);
+          });
+        } else {
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[0][Traits::kPartR], lane);
+        }
         trace.mark(pair, 2);
         // ---- softmax of tile 2k + 1 against m0: P, m1 and e^(m0 - m1) for WG0 ----
         float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
