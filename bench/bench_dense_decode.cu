@@ -436,11 +436,11 @@ int main() {
   const int sweep_shapes[][3] = {{1, 16, 8192}, {1, 64, 4096}, {1, 128, 4096}, {1, 16, 1024},
                                  {1, 128, 1024}, {2, 128, 8192}};
   // Columns: the defaults, then the KV loads' L2 hint flipped (evict-first is the default where
-  // one m-block reads each tile, normal where several do), then the cache map's L2 promotion at
-  // 128 B (CuTe's default) instead of 256 B.
+  // one m-block reads each tile, normal where several do), then the cache map's L2 promotion
+  // flipped (128 B is the default where one m-block reads each tile, 256 B where several do).
   if (sweep) {
     std::printf("knob sweep, µs (b 128; same binary, one knob changed per column)\n");
-    std::printf("| s_q | h_q | seqlen | defaults | L2 hint flipped | L2 promotion 128 B | SM clock (defaults) |\n");
+    std::printf("| s_q | h_q | seqlen | defaults | L2 hint flipped | L2 promotion flipped | SM clock (defaults) |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
     for (const auto& sh : sweep_shapes) {
       auto time = [&] {
@@ -453,9 +453,9 @@ int main() {
       tuning.evict_first = one_m_block ? 0 : 1;
       std::printf(" %.1f (%s) |", time(), one_m_block ? "normal" : "evict-first");
       tuning.evict_first = -1;
-      tuning.l2_promotion = 128;
-      std::printf(" %.1f |", time());
-      tuning.l2_promotion = 256;
+      tuning.l2_promotion = one_m_block ? 256 : 128;
+      std::printf(" %.1f (%d B) |", time(), tuning.l2_promotion);
+      tuning.l2_promotion = -1;
       std::printf(" %s |\n", clock_defaults.c_str());
     }
     std::printf("\ngrid at the defaults\n\n");

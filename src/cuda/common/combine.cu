@@ -1,6 +1,8 @@
 // Split-KV decode combine (combine.h). A block of 8 warps merges 8 / G query rows of one request,
 // G warps a row (G = params.warps_per_row, 1 when requests have few splits): each warp takes
 // every G-th split of its row, each lane 16 of the 512 dims (4 x 16 B coalesced loads a split).
+// With 8 warps a row (one long request split over every worker: few rows, many splits) a block
+// takes a quarter of the row's dims, each lane 4, so 4x the blocks share the work.
 // Every warp computes its row's softmax weights itself (the lse of all splits, a warp reduction),
 // so with G = 1 a row needs no barrier at all; with G > 1 the G partial sums meet once in shared
 // memory. (The first version looped over a block's 16 rows one after another, 6 barriers and two
@@ -18,7 +20,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kDimV = 512;
-constexpr int kVec = kDimV / 4 / 32;  // float4s of a row per lane
 
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -53,7 +54,9 @@ __device__ __forceinline__ void store4(char* out, float4 v, float inv) {
   dst[1] = pack2<Element>(v.z * inv, v.w * inv);
 }
 
-template <typename Element>
+// kVec float4s a lane: 4 (a block covers whole rows) or 1 (a quarter of a row: blockIdx.x
+// % 4 picks which).
+template <typename Element, int kVec>
 __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCombineParams p) {
   const int r = blockIdx.y;
   const int first = p.num_splits[r * p.num_splits_stride];
@@ -63,11 +66,13 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   if (n <= 1) return;
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
-  __shared__ float4 part[kWarps][kDimV / 4];  // G > 1: each warp's partial sums
+  __shared__ float4 part[kWarps][32 * kVec];  // G > 1: each warp's partial sums
+  constexpr int kChunks = 4 / kVec;             // blocks a row's dims are dealt over
   const int G = p.warps_per_row;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = p.s_q * p.h_q;
-  const int row = blockIdx.x * (kWarps / G) + warp / G;
+  const int chunk = blockIdx.x % kChunks;       // this block's float4s: chunk * 32 * kVec + ...
+  const int row = (blockIdx.x / kChunks) * (kWarps / G) + warp / G;
   const int g = warp % G;
   const bool live = row < rows;
 
@@ -84,7 +89,8 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
     }
     sum = warp_sum(sum);
     const float4* o = reinterpret_cast<const float4*>(
-        p.o_accum + (static_cast<int64_t>(first) * rows + row) * kDimV);
+                          p.o_accum + (static_cast<int64_t>(first) * rows + row) * kDimV) +
+                      chunk * 32 * kVec;
     const int64_t split_stride = static_cast<int64_t>(rows) * (kDimV / 4);
 #pragma unroll 4
     for (int i = g; i < n; i += G) {
@@ -104,8 +110,9 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
   const int s = row / p.h_q, h = row % p.h_q;
   char* out = static_cast<char*>(p.out) +
-              (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h) * 2;
-  if (live && g == 0 && lane == 0) {
+              (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h) * 2 +
+              chunk * 32 * kVec * 8;
+  if (live && g == 0 && lane == 0 && chunk == 0) {
     p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] =
         mx == -INFINITY ? INFINITY : mx + logf(sum);
   }
@@ -120,9 +127,9 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   for (int q = 0; q < kVec; ++q) part[warp][lane + 32 * q] = acc[q];
   __syncthreads();
   if (!live) return;
-  // The row's G warps share its 128 float4s; each sums them over the G partials.
+  // The row's G warps share its 32 * kVec float4s; each sums them over the G partials.
   const int first_warp = warp - g;
-  for (int k = g * 32 + lane; k < kDimV / 4; k += 32 * G) {
+  for (int k = g * 32 + lane; k < 32 * kVec; k += 32 * G) {
     float4 v = part[first_warp][k];
     for (int j = 1; j < G; ++j) {
       const float4 u = part[first_warp + j][k];
@@ -154,10 +161,15 @@ cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_d
   if (G != 1 && G != 2 && G != 4 && G != 8) return cudaErrorInvalidValue;
   const int rows = params.s_q * params.h_q;
   const int rows_per_block = kWarps / G;
-  auto kernel = out_dtype == DType::kBF16 ? decode_combine_kernel<__nv_bfloat16>
-                                          : decode_combine_kernel<__half>;
+  const bool quarter_rows = G == kWarps;  // few rows with many splits: more, smaller blocks
+  const bool bf16 = out_dtype == DType::kBF16;
+  auto kernel = quarter_rows ? (bf16 ? decode_combine_kernel<__nv_bfloat16, 1>
+                                     : decode_combine_kernel<__half, 1>)
+                             : (bf16 ? decode_combine_kernel<__nv_bfloat16, 4>
+                                     : decode_combine_kernel<__half, 4>);
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((rows + rows_per_block - 1) / rows_per_block, params.batch);
+  config.gridDim = dim3((rows + rows_per_block - 1) / rows_per_block * (quarter_rows ? 4 : 1),
+                        params.batch);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = 0;
   config.stream = stream;

@@ -95,7 +95,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // The cache as (dim, token-in-page, kv head, block).
 Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape, void* fallback,
-                        CUtensorMap* map) {
+                        int promotion_bytes, CUtensorMap* map) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) {
     return Status::CudaError("dense_decode: cuTensorMapEncodeTiled is not available from the driver");
@@ -118,7 +118,6 @@ Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape
   cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dtype = k.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const int promotion_bytes = dense_decode_tuning().l2_promotion;
   const CUtensorMapL2promotion promotion =
       promotion_bytes >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
       : promotion_bytes >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
@@ -257,7 +256,10 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
     params.num_splits_stride = args.schedule.num_splits.strides[0];
   }
 
-  OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, &params.tma_k));
+  const int m_blocks = static_cast<int>((shape.s_q * (shape.h_q / shape.h_kv) + 63) / 64);
+  const DenseDecodeTuning& tuning = dense_decode_tuning();
+  const int promotion = tuning.l2_promotion >= 0 ? tuning.l2_promotion : (m_blocks == 1 ? 128 : 256);
+  OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, promotion, &params.tma_k));
   params.q = args.q.data;
   params.q_stride_b = args.q.strides[0];
   params.q_stride_s = args.q.strides[1];
@@ -290,9 +292,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.scale = shape.softmax_scale;
   params.scale_log2 = shape.softmax_scale * static_cast<float>(M_LOG2E);
   params.causal = args.causal ? 1 : 0;
-  const int m_blocks = (params.rows + 63) / 64;
   // One CTA per kv block read: evict it from L2 first. Several m-blocks share each tile.
-  const DenseDecodeTuning& tuning = dense_decode_tuning();
   const bool evict_first = tuning.evict_first >= 0 ? tuning.evict_first == 1 : m_blocks == 1;
   params.cache_hint = evict_first ? 0x12F0000000000000ull : 0x1000000000000000ull;
   params.trace = tuning.trace;

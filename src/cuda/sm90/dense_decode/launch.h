@@ -32,7 +32,10 @@ size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int d_v, int nu
 // measured best, NOTES.md).
 struct DenseDecodeTuning {
   int evict_first = -1;  // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks
-  int l2_promotion = 256;  // the cache map's L2 promotion in bytes: 0 (none), 64, 128 or 256
+  // The cache map's L2 promotion in bytes: 0 (none), 64, 128, 256; -1: 128 where one m-block
+  // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
+  // h_q 128), as the sweep measured (NOTES.md v10).
+  int l2_promotion = -1;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;
