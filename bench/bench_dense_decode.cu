@@ -368,7 +368,39 @@ void print_spans(const long long* trace_d, int pairs) {
 
 }  // namespace
 
+// OPENMLA_BENCH_KNOBS="name=value,...": kernel knobs (launch.h DenseDecodeTuning) for the whole
+// run, so one binary serves a same-run A/B of knob settings (tools/ab_dense_decode.sh knobs).
+bool apply_knobs() {
+  const char* knobs = std::getenv("OPENMLA_BENCH_KNOBS");
+  if (knobs == nullptr) return true;
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  std::string list(knobs);
+  size_t at = 0;
+  while (at < list.size()) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    const std::string item = list.substr(at, end - at);
+    at = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const std::string name = item.substr(0, eq);
+    const int value = eq == std::string::npos ? 0 : std::atoi(item.c_str() + eq + 1);
+    if (name == "evict_first") tuning.evict_first = value;
+    else if (name == "l2_promotion") tuning.l2_promotion = value;
+    else if (name == "release_part") tuning.release_part = value;
+    else if (name == "issuer_lanes") tuning.issuer_lanes = value;
+    else if (name == "skip_combine") tuning.skip_combine = value;
+    else if (name == "qk_first") tuning.qk_first = value;
+    else {
+      std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
 int main() {
+  if (!apply_knobs()) return 2;
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   char date[32];

@@ -1,8 +1,9 @@
 // How fast one SM can pull the dense decode kernel's KV tiles into shared memory, with nothing
 // else running: one CTA per SM streams 64-key x 64-dim boxes (8 KB, the kernel's TMA piece) of a
 // bf16 paged cache laid out as the kernel reads it (d 576, page 64), keeping `slots` boxes in
-// flight, issued by TMA from 1, 2 or 4 threads, or copied by all 128 threads with cp.async (the
-// LSU path). The boxes come from DRAM (every SM its own blocks), half from L2 (SM pairs read the
+// flight, issued by TMA from 1, 2 or 4 threads (lane 0 of as many warps), by 2 or 4 lanes of one
+// warp, or as 32 KB boxes of 4 pieces (a 5-D map: dim, token, piece, head, block), or copied by
+// all 128 threads with cp.async (the LSU path). The boxes come from DRAM (every SM its own blocks), half from L2 (SM pairs read the
 // same blocks, as the two m-blocks of h_q 128 do), or all from L2 (256 blocks shared by all).
 // NOTES.md (dense_decode, v9) says what the figures decided.
 #include <cuda.h>
@@ -34,20 +35,23 @@ struct Params {
   const char* cache;  // [blocks][64 tokens][576] bf16
   int boxes;          // per CTA
   int slots;          // boxes in flight per CTA
-  int issuers;        // TMA: threads issuing (lane 0 of warps 0..issuers-1); 0: cp.async path
+  int issuers;        // TMA: threads issuing (warps x lanes); 0: cp.async path
+  int lanes;          // issuing lanes per warp (lanes 0, 32/lanes, ...): warps = issuers / lanes
+  int box_pieces;     // 8 KB pieces a box: 1 (the 4-D map) or 4 (the 5-D map, pieces 0-3 / 4-7)
   int mode;           // 0 own blocks (DRAM), 1 SM pairs share blocks, 2 all share 256 blocks
   int blocks_per_cta;
 };
 
 __device__ __forceinline__ int block_of(const Params& p, int n) {
-  const int b = n / kPieces;
+  const int b = p.box_pieces == 4 ? n / 2 : n / kPieces;
   if (p.mode == 2) return b % 256;
   const int owner = p.mode == 1 ? blockIdx.x / 2 : blockIdx.x;
   return owner * p.blocks_per_cta + b % p.blocks_per_cta;
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    stream_kernel(const __grid_constant__ CUtensorMap map, const Params p) {
+    stream_kernel(const __grid_constant__ CUtensorMap map, const __grid_constant__ CUtensorMap map5,
+                  const Params p) {
   extern __shared__ __align__(1024) char smem[];
   __shared__ alignas(8) uint64_t full[kMaxSlots];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -61,10 +65,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (lane != 0 || warp >= p.issuers) return;
-    // Slot s always holds boxes n = s (mod slots), issued by thread n mod issuers (slots is a
+    const int warps = p.issuers / p.lanes, lane_step = 32 / p.lanes;
+    if (lane % lane_step != 0 || warp >= warps) return;
+    const int me = warp + warps * (lane / lane_step);  // issuer index
+    const int box_bytes = kBoxBytes * p.box_pieces;
+    // Slot s always holds boxes n = s (mod slots), issued by issuer n mod issuers (slots is a
     // multiple of issuers), which waits for the slot's previous box before reusing it.
-    for (int n = warp; n < p.boxes; n += p.issuers) {
+    for (int n = me; n < p.boxes; n += p.issuers) {
       const int s = n % p.slots;
       const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
       if (n >= p.slots) {  // the slot's previous box has landed
@@ -75,17 +82,25 @@ __global__ void __launch_bounds__(kThreads, 1)
             "@!done bra WAIT;\n\t}" ::"r"(bar), "r"(parity) : "memory");
       }
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                   "r"(kBoxBytes) : "memory");
-      const int c = n % kPieces, block = block_of(p, n);
-      asm volatile(
-          "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-          " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_base + s * kBoxBytes),
-          "l"(&map), "r"(bar), "r"(c * 64), "r"(0), "r"(0), "r"(block) : "memory");
+                   "r"(box_bytes) : "memory");
+      const int block = block_of(p, n);
+      if (p.box_pieces == 4) {
+        asm volatile(
+            "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(smem_base + s * box_bytes),
+            "l"(&map5), "r"(bar), "r"(0), "r"(0), "r"((n % 2) * 4), "r"(0), "r"(block) : "memory");
+      } else {
+        const int c = n % kPieces;
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_base + s * kBoxBytes),
+            "l"(&map), "r"(bar), "r"(c * 64), "r"(0), "r"(0), "r"(block) : "memory");
+      }
     }
     // Drain: wait for the last box of every slot this thread filled.
     for (int s = 0; s < p.slots; ++s) {
       const int last = ((p.boxes - 1 - s) / p.slots) * p.slots + s;  // last n with n % slots == s
-      if (last < 0 || last % p.issuers != warp) continue;
+      if (last < 0 || last % p.issuers != me) continue;
       const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
       const uint32_t parity = (last / p.slots) & 1;
       asm volatile(
@@ -147,6 +162,17 @@ int main() {
     std::fprintf(stderr, "tensor map\n");
     return 1;
   }
+  // The same cache as (dim in piece, token, piece, head, block): a box of 4 pieces lands as the
+  // kernel's 4 consecutive 8 KB pieces (piece-major, then token, then 64 dims).
+  CUtensorMap map5;
+  cuuint64_t dims5[5] = {64, 64, 9, 1, blocks};
+  cuuint64_t strides5[4] = {kTokenBytes, 128, 64ull * kTokenBytes, 64ull * kTokenBytes};
+  cuuint32_t box5[5] = {64, 64, 4, 1, 1}, estr5[5] = {1, 1, 1, 1, 1};
+  const bool have_map5 =
+      encode(&map5, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, cache, dims5, strides5, box5, estr5,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  if (!have_map5) std::printf("5-D map (32 KB boxes) refused by cuTensorMapEncodeTiled\n\n");
   const int smem_bytes = kMaxSlots * kBoxBytes + 1024;
   check(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
         "attr");
@@ -157,15 +183,20 @@ int main() {
   std::printf("## KV-tile streaming into shared memory, %s (%d SMs), one CTA per SM\n\n", prop.name, sms);
   std::printf("| source | path | boxes in flight (KB) | GB/s | GB/s per SM |\n|---|---|---|---|---|\n");
   for (int mode : {0, 1, 2}) {
-    struct V { int issuers, slots; };
-    const V variants[] = {{1, 4}, {1, 8}, {1, 16}, {1, 24}, {2, 16}, {4, 16}, {4, 24},
-                          {0, 4}, {0, 8}, {0, 16}, {0, 24}};
+    struct V { int issuers, lanes, box_pieces, slots; };
+    const V variants[] = {{1, 1, 1, 8},  {1, 1, 1, 16}, {2, 1, 1, 16}, {4, 1, 1, 16},
+                          {2, 2, 1, 16}, {4, 4, 1, 16}, {8, 2, 1, 16}, {8, 2, 1, 24},
+                          {1, 1, 4, 2},  {1, 1, 4, 4},  {2, 1, 4, 4},  {4, 1, 4, 4},
+                          {0, 1, 1, 8},  {0, 1, 1, 16}};
     for (const V& v : variants) {
-      Params p{cache, blocks_per_cta * kPieces, v.slots, v.issuers, mode, blocks_per_cta};
+      if (v.box_pieces == 4 && !have_map5) continue;
+      // The same bytes a CTA either way: 9 pieces a block as 8 KB boxes, 8 as 32 KB ones.
+      const int boxes = v.box_pieces == 4 ? blocks_per_cta * 2 : blocks_per_cta * kPieces;
+      Params p{cache, boxes, v.slots, v.issuers, v.lanes, v.box_pieces, mode, blocks_per_cta};
       std::vector<float> ms;
       for (int it = 0; it < 6; ++it) {
         cudaEventRecord(a);
-        stream_kernel<<<sms, kThreads, smem_bytes>>>(map, p);
+        stream_kernel<<<sms, kThreads, smem_bytes>>>(map, map5, p);
         cudaEventRecord(b);
         check(cudaEventSynchronize(b), "run");
         float t = 0.f;
@@ -174,12 +205,18 @@ int main() {
       }
       check(cudaGetLastError(), "kernel");
       std::sort(ms.begin(), ms.end());
-      const double moved = static_cast<double>(sms) * p.boxes * kBoxBytes;
+      const double moved = static_cast<double>(sms) * p.boxes * kBoxBytes * v.box_pieces;
       const double gbs = moved / (ms[ms.size() / 2] * 1e-3) / 1e9;
-      std::printf("| %s | %s | %d (%d) | %.0f | %.1f |\n", modes[mode],
-                  v.issuers ? (v.issuers == 1 ? "TMA, 1 thread" : v.issuers == 2 ? "TMA, 2 threads" : "TMA, 4 threads")
-                            : "cp.async, 128 threads",
-                  v.slots, v.slots * 8, gbs, gbs / sms);
+      char path[96];
+      if (v.issuers == 0) {
+        std::snprintf(path, sizeof(path), "cp.async, 128 threads");
+      } else {
+        std::snprintf(path, sizeof(path), "TMA %d KB boxes, %d thread%s (%d warp%s x %d lane%s)",
+                      8 * v.box_pieces, v.issuers, v.issuers > 1 ? "s" : "", v.issuers / v.lanes,
+                      v.issuers / v.lanes > 1 ? "s" : "", v.lanes, v.lanes > 1 ? "s" : "");
+      }
+      std::printf("| %s | %s | %d (%d) | %.0f | %.1f |\n", modes[mode], path, v.slots,
+                  v.slots * 8 * v.box_pieces, gbs, gbs / sms);
     }
   }
   cudaFree(cache);

@@ -10,6 +10,9 @@
 #                   exported tree (build-ab-<sha>/), then times each b = 128 shape alternately
 #                   (A B A B A B: each a flushed median of 15) and prints the median of the three.
 # Default shapes: 1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024.
+# Knob settings of one binary instead of trees (or besides them): VARIANTS="name:knobs;..." with
+# knobs as OPENMLA_BENCH_KNOBS takes them, e.g.
+#   VARIANTS="v10:release_part=1;early:release_part=0;lanes2:issuer_lanes=2" tools/ab_dense_decode.sh run
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
@@ -37,8 +40,22 @@ case "${1:-}" in
         -DCUTLASS_DIR="${cutlass%/}" -DCMAKE_BUILD_TYPE=Release >>"$OUT/ab_build.log" 2>&1 &&
         cmake --build "$2" -j "$(nproc)" --target openmla_bench_dense_decode >>"$OUT/ab_build.log" 2>&1
     }
-    names=(this)
-    benches=("$ROOT/build-device/bench/openmla_bench_dense_decode")
+    this_bench="$ROOT/build-device/bench/openmla_bench_dense_decode"
+    names=()
+    benches=()
+    knobs=()
+    if [[ -n "${VARIANTS:-}" ]]; then
+      IFS=';' read -r -a variants <<<"$VARIANTS"
+      for v in "${variants[@]}"; do
+        names+=("${v%%:*}")
+        benches+=("$this_bench")
+        knobs+=("${v#*:}")
+      done
+    else
+      names=(this)
+      benches=("$this_bench")
+      knobs=("")
+    fi
     build "$ROOT" "$ROOT/build-device" || { echo "build of this tree failed" | tee -a "$LOG"; exit 1; }
     for dir in "$ROOT"/.ab/*/; do
       [[ -d "$dir" ]] || continue
@@ -46,6 +63,7 @@ case "${1:-}" in
       if build "$dir" "$ROOT/build-ab-$sha"; then
         names+=("$sha")
         benches+=("$ROOT/build-ab-$sha/bench/openmla_bench_dense_decode")
+        knobs+=("")
       else
         echo "build of $sha failed (see ab_build.log)" | tee -a "$LOG"
       fi
@@ -61,7 +79,7 @@ case "${1:-}" in
         for round in 1 2 3; do
           for i in "${!benches[@]}"; do
             # the µs column of the single-shape row: | b | s_q | h_q | seqlen | µs | ...
-            us="$(OPENMLA_BENCH_SHAPE=$sh timeout 120 "${benches[$i]}" | tail -n 1 |
+            us="$(OPENMLA_BENCH_KNOBS="${knobs[$i]}" OPENMLA_BENCH_SHAPE=$sh timeout 120 "${benches[$i]}" | tail -n 1 |
               awk -F'|' '{gsub(/ /, "", $6); print $6}')"
             times[$i]="${times[$i]:-} ${us:-nan}"
           done

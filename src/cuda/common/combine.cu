@@ -92,14 +92,18 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
                           p.o_accum + (static_cast<int64_t>(first) * rows + row) * kDimV) +
                       chunk * 32 * kVec;
     const int64_t split_stride = static_cast<int64_t>(rows) * (kDimV / 4);
-#pragma unroll 4
+    // Loads unconditional (a split that saw no key, lse -inf, weighs 0 by a select after its
+    // load), so the unrolled iterations' loads are all in flight at once: with one long request
+    // a warp walks ~17 splits, and a branch around each load made that a chain of round trips.
+    constexpr int kUnroll = kVec == 1 ? 8 : 4;  // 8 x 4 float4s a lane spilled
+#pragma unroll kUnroll
     for (int i = g; i < n; i += G) {
       const float l = lse[static_cast<int64_t>(i) * rows];
-      if (l == -INFINITY) continue;  // a split that saw no key (its partial is 0)
-      const float w = __expf(l - mx);
+      const float w = l == -INFINITY ? 0.f : __expf(l - mx);
 #pragma unroll
       for (int q = 0; q < kVec; ++q) {
-        const float4 v = __ldg(o + i * split_stride + lane + 32 * q);
+        float4 v = __ldg(o + i * split_stride + lane + 32 * q);
+        if (l == -INFINITY) v = make_float4(0.f, 0.f, 0.f, 0.f);
         acc[q].x += w * v.x;
         acc[q].y += w * v.y;
         acc[q].z += w * v.z;

@@ -180,11 +180,13 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
 
 // A thread issuing TMA keeps only a few boxes in flight: one thread streams ~32 GB/s into an SM
 // from DRAM (~42 from L2) however many slots are free, two threads in two warps twice that
-// (openmla_bench_tma_stream, NOTES.md v10). So each stage's pieces are issued by two warps.
-constexpr int kIssuersPerStage = 2;
+// (openmla_bench_tma_stream, NOTES.md v10). So each stage's pieces are issued by two warps, and
+// by lanes 0 and 16 of each where params.issuer_lanes is 2.
+constexpr int kIssuerWarpsPerStage = 2;
 
 // One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`, each
-// piece completing its own barrier; this thread issues the part's pieces sub, sub + 2, ... Pages of >= 64 keys: one 64-key box per piece (`block` is
+// piece completing its own barrier; this thread issues the part's pieces sub, sub + stride, ...
+// Pages of >= 64 keys: one 64-key box per piece (`block` is
 // the tile's block). Smaller pages: one box per (page, piece), pages past the last valid key not
 // loaded (the consumers zero those V rows and mask those keys).
 template <class Traits, bool kSmallPages>
@@ -192,7 +194,7 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
                                           typename Traits::SharedStorage& smem,
                                           const int32_t* table, int block, int row, int kv_head,
                                           int stage, int part, int t0, int valid, uint32_t phase,
-                                          int sub) {
+                                          int sub, int stride) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   const int first = Traits::part_first_piece(part), n = Traits::part_pieces(part);
   cutlass::arch::ClusterBarrier::wait(&smem.empty[stage][part], phase ^ 1);
@@ -200,7 +202,7 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
   // (Loops kept rolled and no divisions: the producers have 40 registers.)
   if constexpr (!kSmallPages) {  // `block`, `row`: the tile's block and first row in it
 #pragma unroll 1
-    for (int c = sub; c < n; c += kIssuersPerStage) {
+    for (int c = sub; c < n; c += stride) {
       uint64_t* full = &smem.full[stage][first + c];
       Barrier::arrive_and_expect_tx(full, valid > 0 ? Traits::kPieceBytes : 0);
       if (valid > 0) {
@@ -212,7 +214,7 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
     const int pages = (valid + p.page_size - 1) >> p.page_shift;
     const int first_page = t0 >> p.page_shift;
 #pragma unroll 1
-    for (int c = sub; c < n; c += kIssuersPerStage) {
+    for (int c = sub; c < n; c += stride) {
       uint64_t* full = &smem.full[stage][first + c];
       Barrier::arrive_and_expect_tx(full, static_cast<uint32_t>(pages * p.page_size * 128));
 #pragma unroll 1
@@ -232,7 +234,7 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
 template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
-                                        int stage, int sub) {
+                                        int stage, int sub, int stride) {
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, 2, sub == 0);
   int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
@@ -255,7 +257,8 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 #pragma unroll 1
       for (int i = 0; i < Traits::kNumParts; ++i) {
         load_part<Traits, kSmallPages>(p, smem, table, block, row, kv_head, stage,
-                                       Traits::part_order(stage, i), t0, valid, pair & 1, sub);
+                                       Traits::part_order(stage, i), t0, valid, pair & 1, sub,
+                                       stride);
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
       }
     }
@@ -266,13 +269,18 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // Compute warpgroups.
 
 // S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order,
-// one wgmma group per part. After the second part's group `after_second_part` runs with at most
-// that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
+// one wgmma group per part. `after_pv` runs once every wgmma issued before this QK^T (the other
+// tile's PV) is done: waited for after the first part's group (release_part 0), after the
+// second's (1: v10), or after the first's when the second part has not landed yet, else after
+// the second's (2); never with 3 (no PV was issued before this QK^T). Waiting after the second
+// part ties the other stage's hand-back to this tile's loads (NOTES.md v12).
 template <class Traits, int kStage, class Mma, class TQ, class TK, class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
-                                        uint64_t* full, uint32_t phase, F&& after_second_part) {
+                                        uint64_t* full, uint32_t phase, int release_part,
+                                        F&& after_pv) {
   using namespace cute;
   constexpr int kSteps = Traits::kPieceDims / 16;
+  bool early = false;  // after_pv ran after the first part
   warpgroup_fence_operand(tSrS);
 #pragma unroll
   for (int i = 0; i < Traits::kNumParts; ++i) {
@@ -294,9 +302,19 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
       }
     }
     warpgroup_commit_batch();
-    if (i == 1) {
+    if (i == 0) {
+      // Warp-uniform (wgmma waits are .aligned): lane 0's view of the second part's barrier.
+      const int second = Traits::part_first_piece(Traits::part_order(kStage, 1));
+      const bool landed = __shfl_sync(
+          0xffffffffu, cutlass::arch::ClusterBarrier::test_wait(&full[second], phase, 1) ? 1 : 0, 0);
+      early = release_part == 0 || (release_part == 2 && !landed);
+      if (early) {
+        warpgroup_wait<1>();
+        after_pv();
+      }
+    } else if (i == 1 && !early && release_part != 3) {
       warpgroup_wait<1>();
-      after_second_part();
+      after_pv();
     }
   }
   warpgroup_wait<0>();
@@ -559,11 +577,15 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     auto tile_valid = [&](int k, int stage) {
       return max(0, min(kBlockN, piece.tok_end - tile_key(k, stage)));
     };
+    // qk_first: each warpgroup issues its QK^T before it takes the other's P (FlashMLA's order:
+    // the QK^T does not wait for the other's softmax; the other tile's PV then runs after it).
+    const bool qk_first = p.qk_first != 0;
     // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
-    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_second_part) {
+    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_pv) {
       constexpr int kStage = decltype(stage_c)::value;
       gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
-                              tSrS, smem.full[kStage], phase, after_second_part);
+                              tSrS, smem.full[kStage], phase, qk_first ? 3 : p.release_part,
+                              after_pv);
       warpgroup_fence_operand(tOrO);
       const int k0 = tile_key(k, kStage);
       if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
@@ -596,7 +618,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       for (int k = 0; k < n_pairs; ++k, ++pair) {
         const uint32_t phase = pair & 1;
         trace.mark(pair, 0);
-        if (k > 0) take_odd(true);  // tile 2k - 1 exists whenever pair k does
+        if (k > 0 && !qk_first) take_odd(true);  // tile 2k - 1 exists whenever pair k does
         trace.mark(pair, 1);
         // ---- S of tile 2k; the PV on tile 2k - 1 runs under it, then its V left goes back ----
         float mx[2];
@@ -605,6 +627,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           warpgroup_fence_operand(tOrP_other);
           if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
         });
+        if (k > 0 && qk_first) take_odd(true);
         trace.mark(pair, 2);
         // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
@@ -636,6 +659,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           fence_async_smem();
         }
         // ---- O_L += P V_L on tile 2k, then stage 0's V left goes back ----
+        if (k > 0 && qk_first) {  // the PV on tile 2k - 1 (issued after the QK^T) is done
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[1][Traits::kPartL], lane);
+        }
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, 0), tOrO);
         wait_pv(tOrO, tOrP_own);
@@ -656,22 +683,27 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         const bool has1 = 2 * k + 1 < n_tiles;  // the pair's odd tile exists
         trace.mark(pair, 0);
         // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
-        bar_sync(kBarP0Ready, 256);
-        const float2 m0v = smem.max0[t];
-        load_p(p_buffer(0), tOrP_other, t);
-        if constexpr (Traits::kPInKTile) {
-          __syncwarp();
-          release_part(&smem.empty[0][Traits::kPartRope], lane);
-        }
-        const float m0[2] = {m0v.x, m0v.y};
-        float scale0[2];
+        float m0[2];
+        auto take_even = [&] {
+          bar_sync(kBarP0Ready, 256);
+          const float2 m0v = smem.max0[t];
+          load_p(p_buffer(0), tOrP_other, t);
+          if constexpr (Traits::kPInKTile) {
+            __syncwarp();
+            release_part(&smem.empty[0][Traits::kPartRope], lane);
+          }
+          m0[0] = m0v.x;
+          m0[1] = m0v.y;
+          float scale0[2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
-          l_run[i] *= scale0[i];
-        }
-        rescale_rows(O, scale0);
-        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
+          for (int i = 0; i < 2; ++i) {
+            scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
+            l_run[i] *= scale0[i];
+          }
+          rescale_rows(O, scale0);
+          gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
+        };
+        if (!qk_first) take_even();
         trace.mark(pair, 1);
         // ---- S of tile 2k + 1; the PV on tile 2k runs under it, then stage 0's V right goes
         // back ----
@@ -682,7 +714,9 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
             warpgroup_fence_operand(tOrP_other);
             release_part(&smem.empty[0][Traits::kPartR], lane);
           });
-        } else {
+        }
+        if (qk_first) take_even();
+        if (!has1 && !qk_first) {
           wait_pv(tOrO, tOrP_other);
           release_part(&smem.empty[0][Traits::kPartR], lane);
         }
@@ -717,6 +751,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
         }
         // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
+        if (qk_first) {  // the PV on tile 2k (issued after the QK^T) is done
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[0][Traits::kPartR], lane);
+        }
         rescale_rows(O, scale1);
         if (has1) {
           gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
@@ -815,15 +853,18 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     const int producer = thread / 32 - 8;  // warps 8, 9: stage 0; warps 10, 11: stage 1
-    if (thread % 32 == 0) {
-      cute::prefetch_tma_descriptor(&params.tma_k);
+    const int lane = thread % 32, lanes = params.issuer_lanes;
+    if (lane % 16 == 0 && lane / 16 < lanes) {
+      if (lane == 0) cute::prefetch_tma_descriptor(&params.tma_k);
+      // This thread's pieces: sub, sub + stride, ... of each part of its stage.
+      const int stage = producer / kIssuerWarpsPerStage;
+      const int sub = producer % kIssuerWarpsPerStage + kIssuerWarpsPerStage * (lane / 16);
+      const int stride = kIssuerWarpsPerStage * lanes;
       // Two walks, so each holds only its own page arithmetic in the producers' 40 registers.
       if (params.page_size >= Traits::kBlockN) {
-        produce<Traits, false>(params, smem, blockIdx.y, producer / kIssuersPerStage,
-                               producer % kIssuersPerStage);
+        produce<Traits, false>(params, smem, blockIdx.y, stage, sub, stride);
       } else {
-        produce<Traits, true>(params, smem, blockIdx.y, producer / kIssuersPerStage,
-                              producer % kIssuersPerStage);
+        produce<Traits, true>(params, smem, blockIdx.y, stage, sub, stride);
       }
     }
   } else {
