@@ -390,7 +390,6 @@ bool apply_knobs() {
     else if (name == "release_part") tuning.release_part = value;
     else if (name == "issuer_lanes") tuning.issuer_lanes = value;
     else if (name == "skip_combine") tuning.skip_combine = value;
-    else if (name == "qk_first") tuning.qk_first = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;

@@ -270,15 +270,13 @@ TEST(DenseDecode, PipelineBoundaries) {
 void run_with_knobs(const std::vector<DecodeCase>& cases) {
   auto& tuning = cuda::sm90::dense_decode_tuning();
   const cuda::sm90::DenseDecodeTuning saved = tuning;
-  struct Knobs { int release_part, issuer_lanes, qk_first; };
-  for (const Knobs k : {Knobs{0, 1, 0}, Knobs{1, 1, 0}, Knobs{2, 1, 0}, Knobs{1, 2, 0},
-                        Knobs{0, 2, 0}, Knobs{1, 1, 1}, Knobs{0, 2, 1}}) {
+  struct Knobs { int release_part, issuer_lanes; };
+  for (const Knobs k : {Knobs{0, 1}, Knobs{1, 1}, Knobs{2, 1}, Knobs{1, 2}, Knobs{0, 2}}) {
     tuning.release_part = k.release_part;
     tuning.issuer_lanes = k.issuer_lanes;
-    tuning.qk_first = k.qk_first;
     for (const DecodeCase& c : cases) {
       SCOPED_TRACE("release_part " + std::to_string(k.release_part) + " issuer_lanes " +
-                   std::to_string(k.issuer_lanes) + " qk_first " + std::to_string(k.qk_first));
+                   std::to_string(k.issuer_lanes));
       run_case(c);
     }
   }

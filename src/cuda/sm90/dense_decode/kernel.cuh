@@ -272,8 +272,8 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // one wgmma group per part. `after_pv` runs once every wgmma issued before this QK^T (the other
 // tile's PV) is done: waited for after the first part's group (release_part 0), after the
 // second's (1: v10), or after the first's when the second part has not landed yet, else after
-// the second's (2); never with 3 (no PV was issued before this QK^T). Waiting after the second
-// part ties the other stage's hand-back to this tile's loads (NOTES.md v12).
+// the second's (2). Waiting after the second part ties the other stage's hand-back to this
+// tile's loads (NOTES.md v12).
 template <class Traits, int kStage, class Mma, class TQ, class TK, class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
                                         uint64_t* full, uint32_t phase, int release_part,
@@ -312,7 +312,7 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
         warpgroup_wait<1>();
         after_pv();
       }
-    } else if (i == 1 && !early && release_part != 3) {
+    } else if (i == 1 && !early) {
       warpgroup_wait<1>();
       after_pv();
     }
@@ -577,15 +577,11 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     auto tile_valid = [&](int k, int stage) {
       return max(0, min(kBlockN, piece.tok_end - tile_key(k, stage)));
     };
-    // qk_first: each warpgroup issues its QK^T before it takes the other's P (FlashMLA's order:
-    // the QK^T does not wait for the other's softmax; the other tile's PV then runs after it).
-    const bool qk_first = p.qk_first != 0;
     // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
     auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_pv) {
       constexpr int kStage = decltype(stage_c)::value;
       gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
-                              tSrS, smem.full[kStage], phase, qk_first ? 3 : p.release_part,
-                              after_pv);
+                              tSrS, smem.full[kStage], phase, p.release_part, after_pv);
       warpgroup_fence_operand(tOrO);
       const int k0 = tile_key(k, kStage);
       if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
@@ -618,7 +614,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       for (int k = 0; k < n_pairs; ++k, ++pair) {
         const uint32_t phase = pair & 1;
         trace.mark(pair, 0);
-        if (k > 0 && !qk_first) take_odd(true);  // tile 2k - 1 exists whenever pair k does
+        if (k > 0) take_odd(true);  // tile 2k - 1 exists whenever pair k does
         trace.mark(pair, 1);
         // ---- S of tile 2k; the PV on tile 2k - 1 runs under it, then its V left goes back ----
         float mx[2];
@@ -627,7 +623,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           warpgroup_fence_operand(tOrP_other);
           if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
         });
-        if (k > 0 && qk_first) take_odd(true);
         trace.mark(pair, 2);
         // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
@@ -659,10 +654,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           fence_async_smem();
         }
         // ---- O_L += P V_L on tile 2k, then stage 0's V left goes back ----
-        if (k > 0 && qk_first) {  // the PV on tile 2k - 1 (issued after the QK^T) is done
-          wait_pv(tOrO, tOrP_other);
-          release_part(&smem.empty[1][Traits::kPartL], lane);
-        }
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, 0), tOrO);
         wait_pv(tOrO, tOrP_own);
@@ -683,27 +674,22 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         const bool has1 = 2 * k + 1 < n_tiles;  // the pair's odd tile exists
         trace.mark(pair, 0);
         // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
-        float m0[2];
-        auto take_even = [&] {
-          bar_sync(kBarP0Ready, 256);
-          const float2 m0v = smem.max0[t];
-          load_p(p_buffer(0), tOrP_other, t);
-          if constexpr (Traits::kPInKTile) {
-            __syncwarp();
-            release_part(&smem.empty[0][Traits::kPartRope], lane);
-          }
-          m0[0] = m0v.x;
-          m0[1] = m0v.y;
-          float scale0[2];
+        bar_sync(kBarP0Ready, 256);
+        const float2 m0v = smem.max0[t];
+        load_p(p_buffer(0), tOrP_other, t);
+        if constexpr (Traits::kPInKTile) {
+          __syncwarp();
+          release_part(&smem.empty[0][Traits::kPartRope], lane);
+        }
+        const float m0[2] = {m0v.x, m0v.y};
+        float scale0[2];
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
-            l_run[i] *= scale0[i];
-          }
-          rescale_rows(O, scale0);
-          gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
-        };
-        if (!qk_first) take_even();
+        for (int i = 0; i < 2; ++i) {
+          scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
+          l_run[i] *= scale0[i];
+        }
+        rescale_rows(O, scale0);
+        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
         trace.mark(pair, 1);
         // ---- S of tile 2k + 1; the PV on tile 2k runs under it, then stage 0's V right goes
         // back ----
@@ -714,9 +700,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
             warpgroup_fence_operand(tOrP_other);
             release_part(&smem.empty[0][Traits::kPartR], lane);
           });
-        }
-        if (qk_first) take_even();
-        if (!has1 && !qk_first) {
+        } else {
           wait_pv(tOrO, tOrP_other);
           release_part(&smem.empty[0][Traits::kPartR], lane);
         }
@@ -751,10 +735,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
         }
         // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
-        if (qk_first) {  // the PV on tile 2k (issued after the QK^T) is done
-          wait_pv(tOrO, tOrP_other);
-          release_part(&smem.empty[0][Traits::kPartR], lane);
-        }
         rescale_rows(O, scale1);
         if (has1) {
           gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);

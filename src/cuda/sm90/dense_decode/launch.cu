@@ -297,7 +297,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.cache_hint = evict_first ? 0x12F0000000000000ull : 0x1000000000000000ull;
   params.release_part = tuning.release_part >= 0 && tuning.release_part <= 2 ? tuning.release_part : 1;
   params.issuer_lanes = tuning.issuer_lanes == 2 ? 2 : 1;
-  params.qk_first = tuning.qk_first == 1 ? 1 : 0;
   params.trace = tuning.trace;
   params.trace_pairs = tuning.trace != nullptr ? tuning.trace_pairs : 0;
 

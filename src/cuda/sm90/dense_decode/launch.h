@@ -39,7 +39,6 @@ struct DenseDecodeTuning {
   // When a warpgroup hands the other tile's V part back during its QK^T (params.h): 0 after
   // the QK^T's first part, 1 after its second (v10), 2 adaptive; -1: the default.
   int release_part = -1;
-  int qk_first = -1;      // 1: QK^T before taking the other warpgroup's P; -1: the default
   int issuer_lanes = -1;  // TMA-issuing lanes per producer warp, 1 or 2; -1: the default
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.

@@ -45,7 +45,6 @@ struct DenseDecodeParams {
   // When the other tile's V part goes back during a QK^T (kernel.cuh gemm_qk): 0 after its first
   // part, 1 after its second, 2 after the first unless the second has landed.
   int release_part;
-  int qk_first;      // 1: each warpgroup's QK^T before it takes the other's P (kernel.cuh)
   int issuer_lanes;  // TMA-issuing lanes per producer warp: 1 (lane 0) or 2 (lanes 0 and 16)
   // Timeline (clock64) of CTA (0,0,0)'s first trace_pairs pairs, [role][pair][event] with role
   // WG0, WG1, producers (both stages) and kTraceEvents events each; then, per CTA (linear block id below
