@@ -158,8 +158,8 @@ if command -v c++filt >/dev/null 2>&1; then DEMANGLE=c++filt; fi
   echo
   echo "ptxas warnings and errors:"
   grep -E 'ptxas (warning|error)' "$BUILD_LOG" | $DEMANGLE | cut -c1-400 | sort -u || echo "(none)"
-  echo "wgmma serialization (C7510/C7513/C7517; must be none):"
-  grep -E '\(C751[037]\)' "$BUILD_LOG" | $DEMANGLE | cut -c1-300 | sort -u || echo "(none)"
+  echo "wgmma serialization (ptxas 'Potential Performance Loss: wgmma', C7517; must be none):"
+  grep -E 'Potential Performance Loss: wgmma|\(C7517\)' "$BUILD_LOG" | $DEMANGLE | cut -c1-300 | sort -u || echo "(none)"
 } >"$OUT/ptxas.txt" 2>&1
 
 # built BINARY: true when BINARY is current. After a clean build every binary is; after a failed

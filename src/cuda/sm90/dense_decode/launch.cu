@@ -295,7 +295,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   // One CTA per kv block read: evict it from L2 first. Several m-blocks share each tile.
   const bool evict_first = tuning.evict_first >= 0 ? tuning.evict_first == 1 : m_blocks == 1;
   params.cache_hint = evict_first ? 0x12F0000000000000ull : 0x1000000000000000ull;
-  params.release_part = tuning.release_part >= 0 && tuning.release_part <= 2 ? tuning.release_part : 1;
   params.issuer_lanes = tuning.issuer_lanes == 2 ? 2 : 1;
   params.trace = tuning.trace;
   params.trace_pairs = tuning.trace != nullptr ? tuning.trace_pairs : 0;

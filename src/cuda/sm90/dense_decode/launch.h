@@ -36,9 +36,6 @@ struct DenseDecodeTuning {
   // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
   // h_q 128), as the sweep measured (NOTES.md v10).
   int l2_promotion = -1;
-  // When a warpgroup hands the other tile's V part back during its QK^T (params.h): 0 after
-  // the QK^T's first part, 1 after its second (v10), 2 adaptive; -1: the default.
-  int release_part = -1;
   int issuer_lanes = -1;  // TMA-issuing lanes per producer warp, 1 or 2; -1: the default
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.

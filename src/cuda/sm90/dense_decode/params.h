@@ -42,9 +42,6 @@ struct DenseDecodeParams {
   float scale_log2;  // scale * log2(e)
   int causal;
   uint64_t cache_hint;  // L2 hint of the KV loads
-  // When the other tile's V part goes back during a QK^T (kernel.cuh gemm_qk): 0 after its first
-  // part, 1 after its second, 2 after the first unless the second has landed.
-  int release_part;
   int issuer_lanes;  // TMA-issuing lanes per producer warp: 1 (lane 0) or 2 (lanes 0 and 16)
   // Timeline (clock64) of CTA (0,0,0)'s first trace_pairs pairs, [role][pair][event] with role
   // WG0, WG1, producers (both stages) and kTraceEvents events each; then, per CTA (linear block id below
