@@ -387,7 +387,7 @@ bool apply_knobs() {
     const int value = eq == std::string::npos ? 0 : std::atoi(item.c_str() + eq + 1);
     if (name == "evict_first") tuning.evict_first = value;
     else if (name == "l2_promotion") tuning.l2_promotion = value;
-    else if (name == "issuer_lanes") tuning.issuer_lanes = value;
+    else if (name == "evict_normal_from") tuning.evict_normal_from = value;
     else if (name == "skip_combine") tuning.skip_combine = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
@@ -466,8 +466,9 @@ int main() {
   const int sweep_shapes[][3] = {{1, 16, 8192}, {1, 64, 4096}, {1, 128, 4096}, {1, 16, 1024},
                                  {1, 128, 1024}, {2, 128, 8192}};
   // Columns: the defaults, then the KV loads' L2 hint flipped (evict-first is the default where
-  // one m-block reads each tile, normal where several do), then the cache map's L2 promotion
-  // flipped (128 B is the default where one m-block reads each tile, 256 B where several do).
+  // one m-block reads each tile of a request shorter than 2048 keys, normal elsewhere), then the
+  // cache map's L2 promotion flipped (128 B is the default where one m-block reads each tile,
+  // 256 B where several do).
   if (sweep) {
     std::printf("knob sweep, µs (b 128; same binary, one knob changed per column)\n");
     std::printf("| s_q | h_q | seqlen | defaults | L2 hint flipped | L2 promotion flipped | SM clock (defaults) |\n");
@@ -480,8 +481,11 @@ int main() {
       std::printf("| %d | %d | %d | %.1f |", sh[0], sh[1], sh[2], time());
       const std::string clock_defaults = g_last_clock.text();
       const bool one_m_block = sh[0] * sh[1] <= 64;
-      tuning.evict_first = one_m_block ? 0 : 1;
-      std::printf(" %.1f (%s) |", time(), one_m_block ? "normal" : "evict-first");
+      // The default hint is evict-first only for one m-block and requests shorter than
+      // evict_normal_from keys: flip whichever applies here.
+      const bool first_by_default = one_m_block && sh[2] < tuning.evict_normal_from;
+      tuning.evict_first = first_by_default ? 0 : 1;
+      std::printf(" %.1f (%s) |", time(), first_by_default ? "normal" : "evict-first");
       tuning.evict_first = -1;
       tuning.l2_promotion = one_m_block ? 256 : 128;
       std::printf(" %.1f (%d B) |", time(), tuning.l2_promotion);

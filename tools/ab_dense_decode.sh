@@ -12,7 +12,7 @@
 # Default shapes: 1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024.
 # Knob settings of one binary instead of trees (or besides them): VARIANTS="name:knobs;..." with
 # knobs as OPENMLA_BENCH_KNOBS takes them, e.g.
-#   VARIANTS="base:;lanes2:issuer_lanes=2;normal:evict_first=0" tools/ab_dense_decode.sh run
+#   VARIANTS="base:;first:evict_first=1;normal:evict_first=0" tools/ab_dense_decode.sh run
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1

@@ -264,34 +264,6 @@ TEST(DenseDecode, PipelineBoundaries) {
   run_case({.d_qk = 512, .h_q = 128, .seqlens = {129, 255, 256, 2}, .num_sm_parts = 1, .seed = seed++});
 }
 
-// The kernel's knobs (launch.h DenseDecodeTuning) change which threads issue the loads: every
-// setting must give the same results. The benchmark
-// picks the defaults; these cases keep the others correct.
-void run_with_knobs(const std::vector<DecodeCase>& cases) {
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const cuda::sm90::DenseDecodeTuning saved = tuning;
-  for (int lanes : {1, 2}) {
-    tuning.issuer_lanes = lanes;
-    for (const DecodeCase& c : cases) {
-      SCOPED_TRACE("issuer_lanes " + std::to_string(lanes));
-      run_case(c);
-    }
-  }
-  tuning = saved;
-}
-TEST(DenseDecodeSmall, KernelKnobs) {
-  run_with_knobs({{.h_q = 16, .seqlens = {37, 200, 129, 0, 128}, .num_sm_parts = 2, .seed = 200},
-                  {.d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 16, .seqlens = {65, 300},
-                   .causal = true, .num_sm_parts = 1, .seed = 201}});
-}
-TEST(DenseDecode, KernelKnobs) {
-  run_with_knobs({{.h_q = 128, .seqlens = {1000, 64, 1, 257, 0}, .seed = 210},
-                  {.s_q = 2, .h_q = 128, .page_size = 32, .seqlens = {700, 129}, .causal = true,
-                   .seed = 211},
-                  {.dtype = DType::kFP16, .h_q = 32, .page_size = 256, .seqlens = {4000, 3},
-                   .num_sm_parts = 5, .seed = 212}});
-}
-
 // --- dtype x head dim ---------------------------------------------------------------------------
 TEST(DenseDecode, DtypesAndHeadDims) {
   int seed = 10;

@@ -7,21 +7,21 @@
 // even tiles (stage 0), WG1 the odd ones (stage 1), and both multiply every tile's P by their
 // half of V (WG0 dims 0-255, WG1 256-511). Per pair k (tiles 2k, 2k+1), with m the running max:
 //
-//   WG0: S = Q K(2k)^T piece by piece as they land (it needs nothing from WG1);
-//        P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L   (issued)
-//        m(2k) = max(m, rowmax S); P(2k) -> smem for WG1 (the PV above runs under this softmax);
-//        that PV done: V(2k-1)_L handed back; O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L;
-//        V(2k)_L handed back
-//   WG1: S = Q K(2k+1)^T; P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R;
-//        m(2k+1); P(2k+1) -> smem for WG0; V(2k)_R handed back; O_R += P(2k+1) V(2k+1)_R ...
+//   WG0: P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L   (issued)
+//        S = Q K(2k)^T piece by piece as they land (PV above runs under it; V(2k-1)_L handed
+//        back once it is done); m(2k) = max(m, rowmax S); P(2k) -> smem for WG1;
+//        O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L; V(2k)_L handed back
+//   WG1: P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R           (issued)
+//        S = Q K(2k+1)^T piece by piece (PV above under it; V(2k)_R handed back when done);
+//        m(2k+1); P(2k+1) -> smem for WG0; O_R *= ...; O_R += P(2k+1) V(2k+1)_R; handed back
 //
-// so a warpgroup's QK^T runs on the tensor pipe while the other does its softmax and its PVs
-// (v10 issued the QK^T only after the other's P: every tile's softmax and hand-off then left
-// the pipe idle, NOTES.md v12), and each part of a stage (V left, V right, RoPE) is handed back
-// by its last reader and refilled at once by the stage's own producer warps, in the order parts
-// come back. V is the first 512 dims of the same keys (read transposed, MN-major). A request
-// with one split writes out/lse here; otherwise the split's fp32 partial goes to the workspace
-// for combine.cu, which this grid lets launch early.
+// so each tile's PVs run while the next tile's K streams in and is scored, and a stage goes back
+// to its producer warp as soon as its last PV is done (v7 held both stages until a pair's four
+// PVs were done). Each part of a stage (V left, V right, RoPE) is handed back by its last reader
+// and refilled at once by the stage's own producer warp, in the order parts come back. V is the
+// first 512 dims of the same keys (read transposed, MN-major). A request with one split writes
+// out/lse here; otherwise the split's fp32 partial goes to the workspace for combine.cu, which
+// this grid lets launch early.
 #pragma once
 
 #include <cuda.h>
@@ -180,13 +180,11 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
 
 // A thread issuing TMA keeps only a few boxes in flight: one thread streams ~32 GB/s into an SM
 // from DRAM (~42 from L2) however many slots are free, two threads in two warps twice that
-// (openmla_bench_tma_stream, NOTES.md v10). So each stage's pieces are issued by two warps, and
-// by lanes 0 and 16 of each where params.issuer_lanes is 2.
-constexpr int kIssuerWarpsPerStage = 2;
+// (openmla_bench_tma_stream, NOTES.md v10). So each stage's pieces are issued by two warps.
+constexpr int kIssuersPerStage = 2;
 
 // One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`, each
-// piece completing its own barrier; this thread issues the part's pieces sub, sub + stride, ...
-// Pages of >= 64 keys: one 64-key box per piece (`block` is
+// piece completing its own barrier; this thread issues the part's pieces sub, sub + 2, ... Pages of >= 64 keys: one 64-key box per piece (`block` is
 // the tile's block). Smaller pages: one box per (page, piece), pages past the last valid key not
 // loaded (the consumers zero those V rows and mask those keys).
 template <class Traits, bool kSmallPages>
@@ -194,7 +192,7 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
                                           typename Traits::SharedStorage& smem,
                                           const int32_t* table, int block, int row, int kv_head,
                                           int stage, int part, int t0, int valid, uint32_t phase,
-                                          int sub, int stride) {
+                                          int sub, uint64_t hint) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   const int first = Traits::part_first_piece(part), n = Traits::part_pieces(part);
   cutlass::arch::ClusterBarrier::wait(&smem.empty[stage][part], phase ^ 1);
@@ -202,11 +200,11 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
   // (Loops kept rolled and no divisions: the producers have 40 registers.)
   if constexpr (!kSmallPages) {  // `block`, `row`: the tile's block and first row in it
 #pragma unroll 1
-    for (int c = sub; c < n; c += stride) {
+    for (int c = sub; c < n; c += kIssuersPerStage) {
       uint64_t* full = &smem.full[stage][first + c];
       Barrier::arrive_and_expect_tx(full, valid > 0 ? Traits::kPieceBytes : 0);
       if (valid > 0) {
-        cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, p.cache_hint, dst + c * Traits::kPieceElems,
+        cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, hint, dst + c * Traits::kPieceElems,
                                      (first + c) * Traits::kPieceDims, row, kv_head, block);
       }
     }
@@ -214,13 +212,13 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
     const int pages = (valid + p.page_size - 1) >> p.page_shift;
     const int first_page = t0 >> p.page_shift;
 #pragma unroll 1
-    for (int c = sub; c < n; c += stride) {
+    for (int c = sub; c < n; c += kIssuersPerStage) {
       uint64_t* full = &smem.full[stage][first + c];
       Barrier::arrive_and_expect_tx(full, static_cast<uint32_t>(pages * p.page_size * 128));
 #pragma unroll 1
       for (int j = 0; j < pages; ++j) {
         const int b = table[(first_page + j) * p.block_table_stride_n];
-        cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, p.cache_hint,
+        cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, hint,
                                      dst + c * Traits::kPieceElems + j * p.page_size * Traits::kPieceDims,
                                      (first + c) * Traits::kPieceDims, 0, kv_head, b);
       }
@@ -234,7 +232,7 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
 template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
-                                        int stage, int sub, int stride) {
+                                        int stage, int sub) {
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, 2, sub == 0);
   int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
@@ -242,6 +240,7 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int32_t* table = p.block_table + r * p.block_table_stride_b;
     const int n_tiles = piece.num_tiles();
+    const uint64_t hint = piece.seqlen >= p.long_from ? p.cache_hint_long : p.cache_hint;
     for (int it = stage; it < n_tiles + stage; it += 2, ++pair) {
       const int t0 = piece.tile_begin + it * Traits::kBlockN;
       const int valid = max(0, min(Traits::kBlockN, piece.tok_end - t0));
@@ -258,7 +257,7 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
       for (int i = 0; i < Traits::kNumParts; ++i) {
         load_part<Traits, kSmallPages>(p, smem, table, block, row, kv_head, stage,
                                        Traits::part_order(stage, i), t0, valid, pair & 1, sub,
-                                       stride);
+                                       hint);
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
       }
     }
@@ -269,10 +268,11 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // Compute warpgroups.
 
 // S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order,
-// then waited for. Nothing else of this warpgroup is in flight when it starts (v12).
-template <class Traits, int kStage, class Mma, class TQ, class TK, class TS>
+// one wgmma group per part. After the second part's group `after_second_part` runs with at most
+// that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
+template <class Traits, int kStage, class Mma, class TQ, class TK, class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
-                                        uint64_t* full, uint32_t phase) {
+                                        uint64_t* full, uint32_t phase, F&& after_second_part) {
   using namespace cute;
   constexpr int kSteps = Traits::kPieceDims / 16;
   warpgroup_fence_operand(tSrS);
@@ -280,6 +280,8 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
   for (int i = 0; i < Traits::kNumParts; ++i) {
     const int part = Traits::part_order(kStage, i);
     // One fence a part: between a part's pieces only barrier waits come, no register writes.
+    // (A fence a piece made ptxas close a wgmma group a piece, so the wait below for the other
+    // tile's PV waited for this QK^T's earlier pieces too.)
     cutlass::arch::ClusterBarrier::wait(&full[Traits::part_first_piece(part)], phase);
     warpgroup_arrive();
 #pragma unroll
@@ -294,6 +296,10 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
       }
     }
     warpgroup_commit_batch();
+    if (i == 1) {
+      warpgroup_wait<1>();
+      after_second_part();
+    }
   }
   warpgroup_wait<0>();
   warpgroup_fence_operand(tSrS);
@@ -556,10 +562,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       return max(0, min(kBlockN, piece.tok_end - tile_key(k, stage)));
     };
     // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
-    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2]) {
+    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_second_part) {
       constexpr int kStage = decltype(stage_c)::value;
       gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
-                              tSrS, smem.full[kStage], phase);
+                              tSrS, smem.full[kStage], phase, after_second_part);
       warpgroup_fence_operand(tOrO);
       const int k0 = tile_key(k, kStage);
       if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
@@ -573,11 +579,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       // P of the odd tile of the previous pair (stage 1) from WG1, with WG1's running max and
       // the factor e^(m_even - m_odd): rescale, hand the stage's RoPE piece (P's buffer) back,
       // and when the tile exists issue O_L += P V_L on it (not waited for).
-      auto take_odd = [&](auto has_tile_c) {
-        constexpr bool has_tile = decltype(has_tile_c)::value;
+      auto take_odd = [&](bool has_tile) {
         bar_sync(kBarP1Ready, 256);
         const float4 st = smem.stats1[t];
-        if constexpr (has_tile) load_p(p_buffer(1), tOrP_other, t);
+        if (has_tile) load_p(p_buffer(1), tOrP_other, t);
         if constexpr (Traits::kPInKTile) {
           __syncwarp();
           release_part(&smem.empty[1][Traits::kPartRope], lane);
@@ -588,20 +593,20 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
         rescale_rows(O, scale1);
-        if constexpr (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
+        if (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
       };
-      // Pair k: S(2k) first (it needs no P), then P(2k-1) and its PV, then the softmax of 2k
-      // while that PV runs. Pair 0 has no 2k-1: a body of its own, so that every path that
-      // issues the PV also waits for it (a branch around the issue and another around the wait
-      // made ptxas serialize every wgmma, NOTES.md v12).
-      auto even_pair = [&](auto has_prev_c, int k) __attribute__((always_inline)) {
-        constexpr bool has_prev = decltype(has_prev_c)::value;
+      for (int k = 0; k < n_pairs; ++k, ++pair) {
         const uint32_t phase = pair & 1;
         trace.mark(pair, 0);
-        float mx[2];
-        score(cute::Int<0>{}, k, phase, mx);
+        if (k > 0) take_odd(true);  // tile 2k - 1 exists whenever pair k does
         trace.mark(pair, 1);
-        if constexpr (has_prev) take_odd(cute::true_type{});  // tile 2k - 1 exists with pair k
+        // ---- S of tile 2k; the PV on tile 2k - 1 runs under it, then its V left goes back ----
+        float mx[2];
+        score(cute::Int<0>{}, k, phase, mx, [&] {
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(tOrP_other);
+          if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
+        });
         trace.mark(pair, 2);
         // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
@@ -632,29 +637,19 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           // stays off WG1's path; that TMA waits for WG1 to have read P anyway.
           fence_async_smem();
         }
-        if constexpr (has_prev) {  // the PV on tile 2k - 1 done: stage 1's V left goes back
-          wait_pv(tOrO, tOrP_other);
-          release_part(&smem.empty[1][Traits::kPartL], lane);
-        }
         // ---- O_L += P V_L on tile 2k, then stage 0's V left goes back ----
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, 0), tOrO);
         wait_pv(tOrO, tOrP_own);
         trace.mark(pair, 4);
         release_part(&smem.empty[0][Traits::kPartL], lane);
-      };
+      }
       if (n_pairs > 0) {
-        even_pair(cute::false_type{}, 0);
-        ++pair;
-        for (int k = 1; k < n_pairs; ++k, ++pair) even_pair(cute::true_type{}, k);
         // The request's last odd tile, if it has one (an even tile count): its PV, then stage
         // 1's V left goes back (it completes a phase per pair, loaded or not).
-        if (n_tiles % 2 == 0) {
-          take_odd(cute::true_type{});
-          wait_pv(tOrO, tOrP_other);
-        } else {
-          take_odd(cute::false_type{});
-        }
+        const bool has_last = n_tiles % 2 == 0;
+        take_odd(has_last);
+        if (has_last) wait_pv(tOrO, tOrP_other);
         release_part(&smem.empty[1][Traits::kPartL], lane);
       }
     } else {
@@ -662,10 +657,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         const uint32_t phase = pair & 1;
         const bool has1 = 2 * k + 1 < n_tiles;  // the pair's odd tile exists
         trace.mark(pair, 0);
-        // ---- S of tile 2k + 1 first: it needs nothing from WG0 ----
-        float mx[2] = {-INFINITY, -INFINITY};
-        if (has1) score(cute::Int<1>{}, k, phase, mx);
-        trace.mark(pair, 1);
         // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
         bar_sync(kBarP0Ready, 256);
         const float2 m0v = smem.max0[t];
@@ -683,9 +674,22 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
+        trace.mark(pair, 1);
+        // ---- S of tile 2k + 1; the PV on tile 2k runs under it, then stage 0's V right goes
+        // back ----
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (has1) {
+          score(cute::Int<1>{}, k, phase, mx, [&] {
+            warpgroup_fence_operand(tOrO);
+            warpgroup_fence_operand(tOrP_other);
+            release_part(&smem.empty[0][Traits::kPartR], lane);
+          });
+        } else {
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[0][Traits::kPartR], lane);
+        }
         trace.mark(pair, 2);
-        // ---- softmax of tile 2k + 1 against m0 (the PV above runs under it): P, m1 and
-        // e^(m0 - m1) for WG0 ----
+        // ---- softmax of tile 2k + 1 against m0: P, m1 and e^(m0 - m1) for WG0 ----
         float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -714,10 +718,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         } else if constexpr (Traits::kPInKTile) {
           fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
         }
-        // ---- the PV on tile 2k done: stage 0's V right goes back; O_R += P V_R on tile
-        // 2k + 1, then stage 1's V right goes back ----
-        wait_pv(tOrO, tOrP_other);
-        release_part(&smem.empty[0][Traits::kPartR], lane);
+        // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
         rescale_rows(O, scale1);
         if (has1) {
           gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
@@ -816,18 +817,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     const int producer = thread / 32 - 8;  // warps 8, 9: stage 0; warps 10, 11: stage 1
-    const int lane = thread % 32, lanes = params.issuer_lanes;
-    if (lane % 16 == 0 && lane / 16 < lanes) {
-      if (lane == 0) cute::prefetch_tma_descriptor(&params.tma_k);
-      // This thread's pieces: sub, sub + stride, ... of each part of its stage.
-      const int stage = producer / kIssuerWarpsPerStage;
-      const int sub = producer % kIssuerWarpsPerStage + kIssuerWarpsPerStage * (lane / 16);
-      const int stride = kIssuerWarpsPerStage * lanes;
+    if (thread % 32 == 0) {
+      cute::prefetch_tma_descriptor(&params.tma_k);
       // Two walks, so each holds only its own page arithmetic in the producers' 40 registers.
       if (params.page_size >= Traits::kBlockN) {
-        produce<Traits, false>(params, smem, blockIdx.y, stage, sub, stride);
+        produce<Traits, false>(params, smem, blockIdx.y, producer / kIssuersPerStage,
+                               producer % kIssuersPerStage);
       } else {
-        produce<Traits, true>(params, smem, blockIdx.y, stage, sub, stride);
+        produce<Traits, true>(params, smem, blockIdx.y, producer / kIssuersPerStage,
+                              producer % kIssuersPerStage);
       }
     }
   } else {

@@ -292,10 +292,16 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.scale = shape.softmax_scale;
   params.scale_log2 = shape.softmax_scale * static_cast<float>(M_LOG2E);
   params.causal = args.causal ? 1 : 0;
-  // One CTA per kv block read: evict it from L2 first. Several m-blocks share each tile.
-  const bool evict_first = tuning.evict_first >= 0 ? tuning.evict_first == 1 : m_blocks == 1;
-  params.cache_hint = evict_first ? 0x12F0000000000000ull : 0x1000000000000000ull;
-  params.issuer_lanes = tuning.issuer_lanes == 2 ? 2 : 1;
+  // Several m-blocks share each tile: keep it in L2 (normal). One CTA per kv block read:
+  // evict-first for short requests, normal for long ones (measured, launch.h).
+  constexpr uint64_t kEvictFirst = 0x12F0000000000000ull, kEvictNormal = 0x1000000000000000ull;
+  if (tuning.evict_first >= 0) {
+    params.cache_hint = params.cache_hint_long = tuning.evict_first == 1 ? kEvictFirst : kEvictNormal;
+  } else {
+    params.cache_hint = m_blocks == 1 ? kEvictFirst : kEvictNormal;
+    params.cache_hint_long = kEvictNormal;
+  }
+  params.long_from = tuning.evict_normal_from;
   params.trace = tuning.trace;
   params.trace_pairs = tuning.trace != nullptr ? tuning.trace_pairs : 0;
 

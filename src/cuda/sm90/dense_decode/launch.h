@@ -31,12 +31,15 @@ size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int d_v, int nu
 // Process-wide knobs of the kernel, read at each launch (benchmarks sweep them; defaults are the
 // measured best, NOTES.md).
 struct DenseDecodeTuning {
-  int evict_first = -1;  // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks
+  // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks and request length: normal where
+  // several m-blocks read each tile; with one, evict-first for requests shorter than
+  // evict_normal_from keys and normal for the others (same-run A/B, NOTES.md session 6).
+  int evict_first = -1;
+  int evict_normal_from = 2048;
   // The cache map's L2 promotion in bytes: 0 (none), 64, 128, 256; -1: 128 where one m-block
   // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
   // h_q 128), as the sweep measured (NOTES.md v10).
   int l2_promotion = -1;
-  int issuer_lanes = -1;  // TMA-issuing lanes per producer warp, 1 or 2; -1: the default
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

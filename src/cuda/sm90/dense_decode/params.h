@@ -41,8 +41,11 @@ struct DenseDecodeParams {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
   int causal;
-  uint64_t cache_hint;  // L2 hint of the KV loads
-  int issuer_lanes;  // TMA-issuing lanes per producer warp: 1 (lane 0) or 2 (lanes 0 and 16)
+  // L2 hints of the KV loads: cache_hint for requests of fewer than long_from keys,
+  // cache_hint_long for the others (one m-block: evict-first is faster for short requests,
+  // normal for long ones; NOTES.md session 6).
+  uint64_t cache_hint, cache_hint_long;
+  int long_from;
   // Timeline (clock64) of CTA (0,0,0)'s first trace_pairs pairs, [role][pair][event] with role
   // WG0, WG1, producers (both stages) and kTraceEvents events each; then, per CTA (linear block id below
   // kTraceMaxCtas), {globaltimer at start, at end, clock64 at start, at end, SM id, pairs}. Null: off
