@@ -376,13 +376,9 @@ __device__ __forceinline__ float row_reduce(TS const& S, int i) {
   return v[0];
 }
 
-// O's rows times their factors, skipped when every factor of the warp is 1 (the running max did
-// not move: most tiles after the first few). Exact either way; 128 multiplies a thread saved on
-// the hand-off between the warpgroups. Only where no wgmma of this warpgroup is in flight.
 template <class TO>
 __device__ __forceinline__ void rescale_rows(TO& O, const float (&scale)[2]) {
   using namespace cute;
-  if (!__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) return;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
