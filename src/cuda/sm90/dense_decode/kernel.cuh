@@ -7,21 +7,21 @@
 // even tiles (stage 0), WG1 the odd ones (stage 1), and both multiply every tile's P by their
 // half of V (WG0 dims 0-255, WG1 256-511). Per pair k (tiles 2k, 2k+1), with m the running max:
 //
-//   WG0: P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L   (issued)
-//        S = Q K(2k)^T piece by piece as they land (PV above runs under it; V(2k-1)_L handed
-//        back once it is done); m(2k) = max(m, rowmax S); P(2k) -> smem for WG1;
-//        O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L; V(2k)_L handed back
-//   WG1: P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R           (issued)
-//        S = Q K(2k+1)^T piece by piece (PV above under it; V(2k)_R handed back when done);
-//        m(2k+1); P(2k+1) -> smem for WG0; O_R *= ...; O_R += P(2k+1) V(2k+1)_R; handed back
+//   WG0: S = Q K(2k)^T piece by piece as they land (it needs nothing from WG1);
+//        P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L   (issued)
+//        m(2k) = max(m, rowmax S); P(2k) -> smem for WG1 (the PV above runs under this softmax);
+//        that PV done: V(2k-1)_L handed back; O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L;
+//        V(2k)_L handed back
+//   WG1: S = Q K(2k+1)^T; P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R;
+//        m(2k+1); P(2k+1) -> smem for WG0; V(2k)_R handed back; O_R += P(2k+1) V(2k+1)_R ...
 //
-// so each tile's PVs run while the next tile's K streams in and is scored, and a stage goes back
-// to its producer warp as soon as its last PV is done (v7 held both stages until a pair's four
-// PVs were done). Each part of a stage (V left, V right, RoPE) is handed back by its last reader
-// and refilled at once by the stage's own producer warp, in the order parts come back. V is the
-// first 512 dims of the same keys (read transposed, MN-major). A request with one split writes
-// out/lse here; otherwise the split's fp32 partial goes to the workspace for combine.cu, which
-// this grid lets launch early.
+// so a warpgroup's QK^T runs on the tensor pipe while the other does its softmax and its PVs
+// (v10 issued the QK^T only after the other's P: every tile's softmax and hand-off then left
+// the pipe idle, NOTES.md v12), and each part of a stage (V left, V right, RoPE) is handed back
+// by its last reader and refilled at once by the stage's own producer warps, in the order parts
+// come back. V is the first 512 dims of the same keys (read transposed, MN-major). A request
+// with one split writes out/lse here; otherwise the split's fp32 partial goes to the workspace
+// for combine.cu, which this grid lets launch early.
 #pragma once
 
 #include <cuda.h>
@@ -268,11 +268,10 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // Compute warpgroups.
 
 // S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order,
-// one wgmma group per part. After the second part's group `after_second_part` runs with at most
-// that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
-template <class Traits, int kStage, class Mma, class TQ, class TK, class TS, class F>
+// then waited for. Nothing else of this warpgroup is in flight when it starts (v12).
+template <class Traits, int kStage, class Mma, class TQ, class TK, class TS>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
-                                        uint64_t* full, uint32_t phase, F&& after_second_part) {
+                                        uint64_t* full, uint32_t phase) {
   using namespace cute;
   constexpr int kSteps = Traits::kPieceDims / 16;
   warpgroup_fence_operand(tSrS);
@@ -280,8 +279,6 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
   for (int i = 0; i < Traits::kNumParts; ++i) {
     const int part = Traits::part_order(kStage, i);
     // One fence a part: between a part's pieces only barrier waits come, no register writes.
-    // (A fence a piece made ptxas close a wgmma group a piece, so the wait below for the other
-    // tile's PV waited for this QK^T's earlier pieces too.)
     cutlass::arch::ClusterBarrier::wait(&full[Traits::part_first_piece(part)], phase);
     warpgroup_arrive();
 #pragma unroll
@@ -296,10 +293,6 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
       }
     }
     warpgroup_commit_batch();
-    if (i == 1) {
-      warpgroup_wait<1>();
-      after_second_part();
-    }
   }
   warpgroup_wait<0>();
   warpgroup_fence_operand(tSrS);
@@ -506,11 +499,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   Tensor tOrP_own = thr_pv.partition_fragment_A(sP_shape);    // (MMA,1,4) Element
   Tensor tOrP_other = thr_pv.partition_fragment_A(sP_shape);  // (MMA,1,4) Element
   static_assert(size(decltype(tOrP_own){}) == size(decltype(tSrS){}));
-  // The P exchange buffer of a stage: its RoPE piece at d 576, a buffer of its own at d 512.
-  auto p_buffer = [&](int stage) -> void* {
-    return Traits::kPInKTile ? static_cast<void*>(smem.k[stage] + 8 * Traits::kPieceElems)
-                             : static_cast<void*>(smem.p[Traits::kPInKTile ? 0 : stage]);
-  };
   // This warpgroup's V dims [256 wg, 256 wg + 256) = pieces [4 wg, 4 wg + 4) of a tile.
   Tensor tOrV = thr_pv.partition_fragment_B(
       make_tensor(make_smem_ptr(smem.k[0] + wg * (Traits::kNumVPieces / 2) * Traits::kPieceElems),
@@ -562,10 +550,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       return max(0, min(kBlockN, piece.tok_end - tile_key(k, stage)));
     };
     // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
-    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_second_part) {
+    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2]) {
       constexpr int kStage = decltype(stage_c)::value;
       gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
-                              tSrS, smem.full[kStage], phase, after_second_part);
+                              tSrS, smem.full[kStage], phase);
       warpgroup_fence_operand(tOrO);
       const int k0 = tile_key(k, kStage);
       if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
@@ -579,34 +567,34 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       // P of the odd tile of the previous pair (stage 1) from WG1, with WG1's running max and
       // the factor e^(m_even - m_odd): rescale, hand the stage's RoPE piece (P's buffer) back,
       // and when the tile exists issue O_L += P V_L on it (not waited for).
-      auto take_odd = [&](bool has_tile) {
+      auto take_odd = [&](auto has_tile_c) {
+        constexpr bool has_tile = decltype(has_tile_c)::value;
         bar_sync(kBarP1Ready, 256);
-        const float4 st = smem.stats1[t];
-        if (has_tile) load_p(p_buffer(1), tOrP_other, t);
-        if constexpr (Traits::kPInKTile) {
-          __syncwarp();
-          release_part(&smem.empty[1][Traits::kPartRope], lane);
-        }
-        const float scale1[2] = {st.z, st.w};
-        m_run[0] = st.x;
-        m_run[1] = st.y;
+        const float2 m1 = smem.max1[t];
+        if constexpr (has_tile) load_p(smem.p, tOrP_other, t);
+        // e^(m(2k) - m(2k+1)) from this warpgroup's own previous max (WG1 scaled its P by it)
+        const float scale1[2] = {exp2_approx(m_run[0] * sl2 - max_base(m1.x, sl2)),
+                                 exp2_approx(m_run[1] * sl2 - max_base(m1.y, sl2))};
+        m_run[0] = m1.x;
+        m_run[1] = m1.y;
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
         rescale_rows(O, scale1);
-        if (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
+        if constexpr (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
       };
-      for (int k = 0; k < n_pairs; ++k, ++pair) {
+      // Pair k: S(2k) first (it needs no P), then P(2k-1) and its PV, then the softmax of 2k
+      // while that PV runs. Pair 0 has no 2k-1: a body of its own, so that every path that
+      // issues the PV also waits for it (a branch around the issue and another around the wait
+      // made ptxas serialize every wgmma, NOTES.md v12).
+      auto even_pair = [&](auto has_prev_c, int k) __attribute__((always_inline)) {
+        constexpr bool has_prev = decltype(has_prev_c)::value;
         const uint32_t phase = pair & 1;
         trace.mark(pair, 0);
-        if (k > 0) take_odd(true);  // tile 2k - 1 exists whenever pair k does
-        trace.mark(pair, 1);
-        // ---- S of tile 2k; the PV on tile 2k - 1 runs under it, then its V left goes back ----
         float mx[2];
-        score(cute::Int<0>{}, k, phase, mx, [&] {
-          warpgroup_fence_operand(tOrO);
-          warpgroup_fence_operand(tOrP_other);
-          if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
-        });
+        score(cute::Int<0>{}, k, phase, mx);
+        if constexpr (Traits::kNumParts == 3) release_part(&smem.empty[0][Traits::kPartRope], lane);
+        trace.mark(pair, 1);
+        if constexpr (has_prev) take_odd(cute::true_type{});  // tile 2k - 1 exists with pair k
         trace.mark(pair, 2);
         // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
@@ -620,7 +608,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         softmax_to_p<Element>(S, tSrS, base0, sl2, sum0, tOrP_own);
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale0[i] + sum0[i];
-        store_p(p_buffer(0), tOrP_own, t);
+        store_p(smem.p, tOrP_own, t);
         smem.max0[t] = make_float2(m_run[0], m_run[1]);
         const int valid = tile_valid(k, 0);
         const bool zero = valid < kBlockN;
@@ -630,12 +618,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
         bar_arrive(kBarP0Ready, 256);
         trace.mark(pair, 3);
-        if (zero) {
-          bar_sync(kBarWg0, 128);
-        } else if constexpr (Traits::kPInKTile) {
-          // P before the next TMA into the RoPE piece. After the arrive: the fence (a MEMBAR)
-          // stays off WG1's path; that TMA waits for WG1 to have read P anyway.
-          fence_async_smem();
+        if (zero) bar_sync(kBarWg0, 128);
+        if constexpr (has_prev) {  // the PV on tile 2k - 1 done: stage 1's V left goes back
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[1][Traits::kPartL], lane);
         }
         // ---- O_L += P V_L on tile 2k, then stage 0's V left goes back ----
         rescale_rows(O, scale0);
@@ -643,13 +629,19 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         wait_pv(tOrO, tOrP_own);
         trace.mark(pair, 4);
         release_part(&smem.empty[0][Traits::kPartL], lane);
-      }
+      };
       if (n_pairs > 0) {
+        even_pair(cute::false_type{}, 0);
+        ++pair;
+        for (int k = 1; k < n_pairs; ++k, ++pair) even_pair(cute::true_type{}, k);
         // The request's last odd tile, if it has one (an even tile count): its PV, then stage
         // 1's V left goes back (it completes a phase per pair, loaded or not).
-        const bool has_last = n_tiles % 2 == 0;
-        take_odd(has_last);
-        if (has_last) wait_pv(tOrO, tOrP_other);
+        if (n_tiles % 2 == 0) {
+          take_odd(cute::true_type{});
+          wait_pv(tOrO, tOrP_other);
+        } else {
+          take_odd(cute::false_type{});
+        }
         release_part(&smem.empty[1][Traits::kPartL], lane);
       }
     } else {
@@ -657,14 +649,16 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         const uint32_t phase = pair & 1;
         const bool has1 = 2 * k + 1 < n_tiles;  // the pair's odd tile exists
         trace.mark(pair, 0);
+        // ---- S of tile 2k + 1 first: it needs nothing from WG0 ----
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (has1) score(cute::Int<1>{}, k, phase, mx);
+        // (also when the tile is past the end: every part completes a phase per pair)
+        if constexpr (Traits::kNumParts == 3) release_part(&smem.empty[1][Traits::kPartRope], lane);
+        trace.mark(pair, 1);
         // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
         bar_sync(kBarP0Ready, 256);
         const float2 m0v = smem.max0[t];
-        load_p(p_buffer(0), tOrP_other, t);
-        if constexpr (Traits::kPInKTile) {
-          __syncwarp();
-          release_part(&smem.empty[0][Traits::kPartRope], lane);
-        }
+        load_p(smem.p, tOrP_other, t);
         const float m0[2] = {m0v.x, m0v.y};
         float scale0[2];
 #pragma unroll
@@ -674,22 +668,9 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
-        trace.mark(pair, 1);
-        // ---- S of tile 2k + 1; the PV on tile 2k runs under it, then stage 0's V right goes
-        // back ----
-        float mx[2] = {-INFINITY, -INFINITY};
-        if (has1) {
-          score(cute::Int<1>{}, k, phase, mx, [&] {
-            warpgroup_fence_operand(tOrO);
-            warpgroup_fence_operand(tOrP_other);
-            release_part(&smem.empty[0][Traits::kPartR], lane);
-          });
-        } else {
-          wait_pv(tOrO, tOrP_other);
-          release_part(&smem.empty[0][Traits::kPartR], lane);
-        }
         trace.mark(pair, 2);
-        // ---- softmax of tile 2k + 1 against m0: P, m1 and e^(m0 - m1) for WG0 ----
+        // ---- softmax of tile 2k + 1 against m0 (the PV above runs under it): P, m1 and
+        // e^(m0 - m1) for WG0 ----
         float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -700,11 +681,11 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
         if (has1) {
           softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP_own);
-          store_p(p_buffer(1), tOrP_own, t);
+          store_p(smem.p, tOrP_own, t);
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale1[i] + sum1[i];
-        smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
+        smem.max1[t] = make_float2(m_run[0], m_run[1]);
         const int valid = tile_valid(k, 1);
         const bool zero = has1 && valid < kBlockN;
         if (zero) {
@@ -713,12 +694,11 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
         bar_arrive(kBarP1Ready, 256);
         trace.mark(pair, 3);
-        if (zero) {
-          bar_sync(kBarWg1, 128);
-        } else if constexpr (Traits::kPInKTile) {
-          fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
-        }
-        // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
+        if (zero) bar_sync(kBarWg1, 128);
+        // ---- the PV on tile 2k done: stage 0's V right goes back; O_R += P V_R on tile
+        // 2k + 1, then stage 1's V right goes back ----
+        wait_pv(tOrO, tOrP_other);
+        release_part(&smem.empty[0][Traits::kPartR], lane);
         rescale_rows(O, scale1);
         if (has1) {
           gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
@@ -781,12 +761,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     dense_decode_kernel(const __grid_constant__ DenseDecodeParams params) {
   using namespace dense_decode_detail;
   using Storage = typename Traits::SharedStorage;
-  // Aligned to 1024 B by pointer arithmetic on the shared array itself: a round trip through an
-  // integer loses the address space, and every smem access became a generic LD/ST (run 3 SASS).
   extern __shared__ __align__(1024) char smem_raw[];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  Storage& smem =
-      *reinterpret_cast<Storage*>(smem_raw + (((smem_base + 1023u) & ~1023u) - smem_base));
+  // The swizzled operands need 1024 B alignment and the storage has no slack to realign (traits.h).
+  if ((smem_base & 1023u) != 0) __trap();
+  Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
 
   const int thread = threadIdx.x;
   const int wg = __shfl_sync(0xffffffffu, thread / 128, 0);

@@ -54,12 +54,10 @@ struct DenseDecodeTraits {
   static constexpr int kTileElems = kBlockN * kHeadDimQK;
   static constexpr int kQPieceElems = kBlockM * kPieceDims;  // Q pieces: 64 rows x 64 dims
   // P (64 rows x 64 keys, 8 KB as Element) crosses between the warpgroups thread-major (thread t
-  // of WG1 holds the same accumulator rows/columns as thread t of WG0). Q (72 KB) + 2 tiles
-  // (144 KB) leave no room for P buffers at d 576 (227 KB), but a tile's RoPE piece is dead once
-  // its QK^T is done and is exactly P's size: P lives there. At d 512 P gets buffers of its own.
-  static constexpr bool kPInKTile = kNumPieces > kNumVPieces;
-  static constexpr int kPBytes = kBlockM * kBlockN * 2;
-  static_assert(kPBytes == kPieceBytes);
+  // of WG1 holds the same accumulator rows/columns as thread t of WG0) through one buffer used
+  // both ways: thread t reads the other's P from its own 16 B slots before it writes its own P
+  // there, and the barriers order the warpgroups (NOTES.md v13). Until v12 P lived in the tile's
+  // RoPE piece at d 576, which tied that part's refill to the other warpgroup's reading of P.
   static constexpr int kStages = 2;  // the two tiles of a pair (WG0 scores stage 0, WG1 stage 1)
 
   static constexpr int kNumMmaThreads = 256;  // WG0 + WG1
@@ -102,14 +100,16 @@ struct DenseDecodeTraits {
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
   struct SharedStorage {
-    // 128 B swizzling repeats every 1024 B: every operand starts on a 1024 B boundary.
-    alignas(1024) Element q[kBlockM * kHeadDimQK];
-    alignas(1024) Element k[kStages][kTileElems];  // [stage][piece][64 keys][64 dims]
-    alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile ? 8 : kBlockM * kBlockN];
-    // Thread-major row statistics: WG0's running max after tile 0 (2 rows a thread), WG1's
-    // running max after tile 1 and the factor WG0 rescales by (m1[2], scale1[2]).
+    // q at offset 0 and k at a multiple of 1024 (128 B swizzling repeats every 1024 B; the
+    // kernel checks the base is 1024-aligned): no alignas(1024), whose padding of the struct to
+    // a multiple of 1024 would not leave room for P at d 576 (232152 of 232448 bytes).
+    Element q[kBlockM * kHeadDimQK];
+    Element k[kStages][kTileElems];  // [stage][piece][64 keys][64 dims]
+    alignas(16) Element p[kBlockM * kBlockN];
+    // Thread-major row statistics: WG0's running max after the even tile, WG1's after the odd
+    // one (2 rows a thread; each derives its rescale factor from its own previous max).
     float2 max0[128];
-    float4 stats1[128];
+    float2 max1[128];
     float row_sum[2][kBlockM];  // per compute warpgroup, exchanged in the epilogue
     // The CTA's schedule row {begin_request, begin_token, end_request, end_token, begin_split},
     // read where it is used: held in registers across the walk, it was spilled.
@@ -117,8 +117,9 @@ struct DenseDecodeTraits {
     alignas(8) uint64_t full[kStages][kNumPieces];  // TMA landed, per (stage, piece)
     uint64_t empty[kStages][kNumParts];             // the part's last reader is done
   };
-  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + align
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
+  static_assert((kBlockM * kHeadDimQK * 2) % 1024 == 0 && (kTileElems * 2) % 1024 == 0);
 };
 
 }  // namespace openmla::cuda::sm90
