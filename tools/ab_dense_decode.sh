@@ -9,7 +9,8 @@
 #                   builds openmla_bench_dense_decode of this tree (build-device/) and of every
 #                   exported tree (build-ab-<sha>/), then times each b = 128 shape alternately
 #                   (A B A B A B: each a flushed median of 15) and prints the median of the three.
-# Default shapes: 1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024.
+# Default shapes: 1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024. AB_TARGETS="..." builds
+# more targets of this tree in the same pass (e.g. openmla_gpu_tests).
 # Knob settings of one binary instead of trees (or besides them): VARIANTS="name:knobs;..." with
 # knobs as OPENMLA_BENCH_KNOBS takes them, e.g.
 #   VARIANTS="base:;first:evict_first=1;normal:evict_first=0" tools/ab_dense_decode.sh run
@@ -35,10 +36,12 @@ case "${1:-}" in
     : >"$LOG"
     cutlass="$(ls -d "$ROOT"/.deps/cutlass-*/ 2>/dev/null | head -n 1)"
     [[ -n "$cutlass" ]] || { echo "no .deps/cutlass-*: carry .deps" | tee -a "$LOG"; exit 1; }
-    build() {  # build SRC DIR: configure and build the dense decode benchmark only
-      cmake -S "$1" -B "$2" -G Ninja -DOPENMLA_CUDA=ON -DOPENMLA_FETCH_CUTLASS=OFF \
-        -DCUTLASS_DIR="${cutlass%/}" -DCMAKE_BUILD_TYPE=Release >>"$OUT/ab_build.log" 2>&1 &&
-        cmake --build "$2" -j "$(nproc)" --target openmla_bench_dense_decode >>"$OUT/ab_build.log" 2>&1
+    build() {  # build SRC DIR [TARGET...]: configure, build the dense decode benchmark (+ targets)
+      local src="$1" dir="$2" log="$OUT/ab_build_$(basename "$2").log"
+      shift 2
+      cmake -S "$src" -B "$dir" -G Ninja -DOPENMLA_CUDA=ON -DOPENMLA_FETCH_CUTLASS=OFF \
+        -DCUTLASS_DIR="${cutlass%/}" -DCMAKE_BUILD_TYPE=Release >"$log" 2>&1 &&
+        cmake --build "$dir" -j "$(nproc)" --target openmla_bench_dense_decode "$@" >>"$log" 2>&1
     }
     this_bench="$ROOT/build-device/bench/openmla_bench_dense_decode"
     names=()
@@ -56,16 +59,26 @@ case "${1:-}" in
       benches=("$this_bench")
       knobs=("")
     fi
-    build "$ROOT" "$ROOT/build-device" || { echo "build of this tree failed" | tee -a "$LOG"; exit 1; }
+    # All trees build at once (each TU is one core for ~30 s; a tree alone leaves most idle).
+    # AB_TARGETS: more targets of this tree, e.g. openmla_gpu_tests.
+    # shellcheck disable=SC2086 # AB_TARGETS is a list of words on purpose
+    build "$ROOT" "$ROOT/build-device" ${AB_TARGETS:-} &
+    this_pid=$!
+    declare -A pids=()
     for dir in "$ROOT"/.ab/*/; do
       [[ -d "$dir" ]] || continue
       sha="$(basename "$dir")"
-      if build "$dir" "$ROOT/build-ab-$sha"; then
+      build "$dir" "$ROOT/build-ab-$sha" &
+      pids[$sha]=$!
+    done
+    wait "$this_pid" || { echo "build of this tree failed (ab_build_build-device.log)" | tee -a "$LOG"; exit 1; }
+    for sha in $(printf '%s\n' "${!pids[@]}" | sort); do
+      if wait "${pids[$sha]}"; then
         names+=("$sha")
         benches+=("$ROOT/build-ab-$sha/bench/openmla_bench_dense_decode")
         knobs+=("")
       else
-        echo "build of $sha failed (see ab_build.log)" | tee -a "$LOG"
+        echo "build of $sha failed (see ab_build_build-ab-$sha.log)" | tee -a "$LOG"
       fi
     done
     {
