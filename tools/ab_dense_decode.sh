@@ -10,7 +10,8 @@
 #                   exported tree (build-ab-<sha>/), then times each b = 128 shape alternately
 #                   (A B A B A B: each a flushed median of 15) and prints the median of the three.
 # Default shapes: 1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024. AB_TARGETS="..." builds
-# more targets of this tree in the same pass (e.g. openmla_gpu_tests).
+# more targets of this tree in the same pass (e.g. openmla_gpu_tests); AB_BUILD_ONLY=1 stops after
+# the builds.
 # Knob settings of one binary instead of trees (or besides them): VARIANTS="name:knobs;..." with
 # knobs as OPENMLA_BENCH_KNOBS takes them, e.g.
 #   VARIANTS="base:;first:evict_first=1;normal:evict_first=0" tools/ab_dense_decode.sh run
@@ -81,6 +82,7 @@ case "${1:-}" in
         echo "build of $sha failed (see ab_build_build-ab-$sha.log)" | tee -a "$LOG"
       fi
     done
+    [[ "${AB_BUILD_ONLY:-0}" == 1 ]] && exit 0  # builds only (tests may run before timing)
     {
       printf '| s_q,h_q,seqlen |'
       for n in "${names[@]}"; do printf ' %s µs (3 rounds) |' "$n"; done
