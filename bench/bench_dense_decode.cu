@@ -302,8 +302,8 @@ void print_trace(const long long* trace_d, int pairs) {
   };
   std::printf("\ntimeline of CTA 0, clocks after WG0's pair start (0 = not reached)\n"
               "WG0: 0 softmax(2k) begins, 1 PV(2k)_L done, 2 P(2k) out, 3 S(2k+2) done\n"
-              "WG1: 0 start, 1 P(2k+1) stored + its PV_R issued, 2 PV on P(2k) issued, 3 both "
-              "PVs done\nproducers: 0 stage 0's pair start, 1-2 stage 0 parts issued (L, R + "
+              "WG1: 0 start, 1 P(2k+1) stored, 2 both PVs issued (P(2k) first), 3 both PVs "
+              "done\nproducers: 0 stage 0's pair start, 1-2 stage 0 parts issued (L, R + "
               "RoPE), 3-4 stage 1 parts issued (R, L + RoPE)\n");
   for (int q = 0; q < pairs; ++q) {
     const long long base = at(0, q, 0);
@@ -389,6 +389,7 @@ bool apply_knobs() {
     else if (name == "l2_promotion") tuning.l2_promotion = value;
     else if (name == "evict_normal_from") tuning.evict_normal_from = value;
     else if (name == "skip_combine") tuning.skip_combine = value;
+    else if (name == "part_boxes") tuning.part_boxes = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;

@@ -16,8 +16,8 @@
 //        S(A+2) = Q K(A+2)^T: its V-left part while that PV runs, then V(B)_L + P(B) go back,
 //        then the rest
 //   WG1: m(B) = max(m(A), rowmax S(B)); P(B); O_R *= e^(m(B-2) - m(B)) -> WG0;
-//        P(B) to smem for WG0; O_R += P(B) V(B)_R (registers); O_R += P(A) V(A)_R (from smem);
-//        V(B)_R goes back, then V(A)_R + P(A); S(B+2) = Q K(B+2)^T
+//        P(B) to smem for WG0; O_R += P(A) V(A)_R (from smem); O_R += P(B) V(B)_R (registers);
+//        V(A)_R + P(A) go back, then V(B)_R; S(B+2) = Q K(B+2)^T
 //
 // so the tensor pipe runs the other warpgroup's QK^T or PVs through each softmax, the other
 // warpgroup's P reaches its PV straight from shared memory, and each part of a stage is handed
@@ -339,8 +339,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale_o[i] + sum1[i];
         rescale_rows(O, scale_o);
-        // ---- P(2k+1) to smem for WG0 (after the arrive: WG0 needs the factor first), then
-        // O_R += P V_R on tile 2k + 1 from registers ----
+        // ---- P(2k+1) to smem for WG0 (after the arrive: WG0 needs the factor first) ----
         if constexpr (kHasB) {
           const int valid = tile_valid(k, 1);
           const bool zero = valid < kBlockN;
@@ -348,25 +347,31 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           store_p<Element, false>(p_buffer(1), S, t, scale1);
           fence_async_smem();  // P and the zeroed rows before the wgmmas that read them
           if (zero) bar_sync(kBarWg1, 128);
-          gemm_pv(mma_pv, tOrP, at_offset(tOrV, kStageBytes), tOrO);
         }
         trace.mark(pair, 1);
-        // ---- O_R += P(2k) V(2k)_R with WG0's P from smem ----
+        // ---- O_R += P(2k) V(2k)_R (WG0's P from smem), then O_R += P(2k+1) V(2k+1)_R from
+        // registers: the PV on tile 2k first, so that stage 0's V right + P, the part S(2k+2)
+        // reads last and the tightest refill of the pair, goes back first (NOTES.md v15) ----
         bar_sync(kBarP0Ready, 256);
         gemm_pv_shared(mma_pv_s, at_offset(tOsP, 0), at_offset(tOsV, 0), tOrO);
+        if constexpr (kHasB) gemm_pv(mma_pv, tOrP, at_offset(tOrV, kStageBytes), tOrO);
         bar_arrive(kBarP1Ready, 256);
         trace.mark(pair, 2);
-        // ---- stage 1's V right goes back, then (that PV done) stage 0's V right + P ----
         if constexpr (kHasB) {
           warpgroup_wait<1>();
+        } else {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+        }
+        release_part(&smem.empty[0][kPartR], lane);
+        if constexpr (kHasB) {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
           warpgroup_fence_operand(tOrP);
         } else {
           wait_part<Traits>(smem.full[1], 1, kPartR, phase);  // the empty tile "landed"
         }
         release_part(&smem.empty[1][kPartR], lane);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        release_part(&smem.empty[0][kPartR], lane);
         trace.mark(pair, 3);
         // ---- S(2k + 3) ----
         if (next_b) score(cute::Int<1>{}, k + 1, phase ^ 1, mx);
@@ -473,6 +478,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int producer = thread / 32 - 8;  // warps 8, 9: stage 0; warps 10, 11: stage 1
     if (thread % 32 == 0) {
       cute::prefetch_tma_descriptor(&params.tma_k);
+      if (params.part_boxes) cute::prefetch_tma_descriptor(&params.tma_kv4);
       // Two walks, so each holds only its own page arithmetic in the producers' 40 registers.
       if (params.page_size >= Traits::kBlockN) {
         produce<Traits, false>(params, smem, blockIdx.y, producer / kIssuersPerStage,

@@ -129,6 +129,30 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
   const int n = Traits::part_num_pieces(stage, part);
   // (Loops kept rolled and no divisions: the producers have 40 registers.)
   if constexpr (!kSmallPages) {  // `block`, `row`: the tile's block and first row in it
+    if (p.part_boxes) {
+      // The four V pieces as one 32 KB box (5-D map) on the barrier of the part's first piece;
+      // the other three complete a phase empty (a consumer always waits the first piece first).
+      // The second issuer loads the RoPE piece, if the part has it.
+      const int v0 = Traits::part_piece(stage, part, 0);
+      if (sub == 0) {
+        uint64_t* full = &smem.full[stage][v0];
+        Barrier::arrive_and_expect_tx(full, valid > 0 ? 4 * Traits::kPieceBytes : 0);
+        if (valid > 0) {
+          cute::SM90_TMA_LOAD_5D::copy(&p.tma_kv4, full, hint, smem.k[stage] + v0 * Traits::kPieceElems,
+                                       0, row, v0, kv_head, block);
+        }
+#pragma unroll
+        for (int c = 1; c < 4; ++c) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage][v0 + c]);
+      } else if (n > 4) {
+        uint64_t* full = &smem.full[stage][8];
+        Barrier::arrive_and_expect_tx(full, valid > 0 ? Traits::kPieceBytes : 0);
+        if (valid > 0) {
+          cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, hint, smem.k[stage] + 8 * Traits::kPieceElems,
+                                       8 * Traits::kPieceDims, row, kv_head, block);
+        }
+      }
+      return;
+    }
 #pragma unroll 1
     for (int c = sub; c < n; c += kIssuersPerStage) {
       const int piece = Traits::part_piece(stage, part, c);
