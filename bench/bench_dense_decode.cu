@@ -390,6 +390,7 @@ bool apply_knobs() {
     else if (name == "evict_normal_from") tuning.evict_normal_from = value;
     else if (name == "skip_combine") tuning.skip_combine = value;
     else if (name == "part_boxes") tuning.part_boxes = value;
+    else if (name == "prefetch_pairs") tuning.prefetch_pairs = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;

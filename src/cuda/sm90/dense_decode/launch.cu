@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -272,6 +273,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   OPENMLA_RETURN_IF_ERROR(
       encode_cache_maps(args.k_cache, shape, ws, promotion, &params.tma_k, &params.tma_kv4));
   params.part_boxes = tuning.part_boxes != 0 && page_size >= 64 ? 1 : 0;
+  params.prefetch_pairs = page_size >= 64 ? std::max(0, tuning.prefetch_pairs) : 0;
   params.q = args.q.data;
   params.q_stride_b = args.q.strides[0];
   params.q_stride_s = args.q.strides[1];

@@ -45,6 +45,9 @@ struct DenseDecodeTuning {
   // (openmla_bench_tma_stream), and the refill of a part is on the pipeline's critical path
   // (NOTES.md v14).
   int part_boxes = 1;
+  // Pages of >= 64 keys: the producers prefetch each stage's tile this many pairs ahead into L2
+  // (0: off), so refills come from L2 (NOTES.md v16).
+  int prefetch_pairs = 1;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

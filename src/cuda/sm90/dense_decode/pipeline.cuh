@@ -211,6 +211,22 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
         row = t0 - page * p.page_size;
       }
       if (stage == 0) trace.mark(pair, 0);
+      // The stage's tile prefetch_pairs pairs ahead into L2 (one issuer; 32 KB boxes): its refill
+      // later streams from L2, which is what the pipeline's critical path waits for (NOTES.md v16).
+      if constexpr (!kSmallPages) {
+        const int ahead = it + 2 * p.prefetch_pairs;
+        if (p.prefetch_pairs > 0 && sub == 0 && ahead < n_tiles) {
+          const int ta = piece.tile_begin + ahead * Traits::kBlockN;
+          const int page = ta / p.page_size;
+          const int b = table[page * p.block_table_stride_n];
+          const int ra = ta - page * p.page_size;
+          cute::SM90_TMA_LOAD_5D::PREFETCH::copy(&p.tma_kv4, 0, ra, 0, kv_head, b);
+          cute::SM90_TMA_LOAD_5D::PREFETCH::copy(&p.tma_kv4, 0, ra, 4, kv_head, b);
+          if constexpr (Traits::kPInKTile) {
+            cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_k, 8 * Traits::kPieceDims, ra, kv_head, b);
+          }
+        }
+      }
 #pragma unroll 1
       for (int i = 0; i < Traits::kNumParts; ++i) {
         load_part<Traits, kSmallPages>(p, smem, table, block, row, kv_head, stage,
