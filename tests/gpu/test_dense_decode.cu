@@ -264,18 +264,6 @@ TEST(DenseDecode, PipelineBoundaries) {
   run_case({.d_qk = 512, .h_q = 128, .seqlens = {129, 255, 256, 2}, .num_sm_parts = 1, .seed = seed++});
 }
 
-// Pages of >= 64 keys load each V part as one 32 KB box by default; the per-piece boxes (the
-// tuning knob part_boxes = 0, and always with smaller pages) must give the same results.
-TEST(DenseDecode, PerPieceBoxes) {
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.part_boxes;
-  tuning.part_boxes = 0;
-  run_case({.h_q = 128, .seqlens = {1000, 64, 1, 257, 0}, .seed = 150});
-  run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 128,
-            .seqlens = {515, 90}, .causal = true, .num_sm_parts = 3, .seed = 151});
-  tuning.part_boxes = saved;
-}
-
 // --- dtype x head dim ---------------------------------------------------------------------------
 TEST(DenseDecode, DtypesAndHeadDims) {
   int seed = 10;

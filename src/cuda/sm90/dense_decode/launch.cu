@@ -6,7 +6,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -94,11 +93,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// The cache as (dim, token-in-page, kv head, block) into `map`, box 64 dims x min(page, 64)
-// tokens; with pages of >= 64 keys also as (dim of a piece, token-in-page, piece, kv head, block)
-// into `map_parts`, box 64 x 64 x 4 pieces (one 32 KB box a V part).
-Status encode_cache_maps(const TensorView& k, const core::DenseDecodeShape& shape, void* fallback,
-                         int promotion_bytes, CUtensorMap* map, CUtensorMap* map_parts) {
+// The cache as (dim, token-in-page, kv head, block).
+Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape, void* fallback,
+                        int promotion_bytes, CUtensorMap* map) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) {
     return Status::CudaError("dense_decode: cuTensorMapEncodeTiled is not available from the driver");
@@ -116,9 +113,9 @@ Status encode_cache_maps(const TensorView& k, const core::DenseDecodeShape& shap
     dense = strides[d] * dims[d + 1];
   }
   void* base = shape.num_blocks > 0 && k.data != nullptr ? k.data : fallback;
-  const cuuint32_t box_tokens = static_cast<cuuint32_t>(shape.page_size < 64 ? shape.page_size : 64);
-  cuuint32_t box[4] = {64, box_tokens, 1, 1};
-  cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  // Boxes of 64 dims x 64 keys (one tile piece), or x page_size keys for smaller pages.
+  cuuint32_t box[4] = {64, static_cast<cuuint32_t>(shape.page_size < 64 ? shape.page_size : 64), 1, 1};
+  cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dtype = k.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUtensorMapL2promotion promotion =
@@ -126,17 +123,9 @@ Status encode_cache_maps(const TensorView& k, const core::DenseDecodeShape& shap
       : promotion_bytes >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
       : promotion_bytes >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
                                : CU_TENSOR_MAP_L2_PROMOTION_NONE;
-  CUresult res = encode(map, dtype, 4, base, dims, strides, box, element_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (res == CUDA_SUCCESS && shape.page_size >= 64) {
-    cuuint64_t dims5[5] = {64, dims[1], dims[0] / 64, dims[2], dims[3]};
-    cuuint64_t strides5[4] = {strides[0], 64 * elem, strides[1], strides[2]};
-    cuuint32_t box5[5] = {64, 64, 4, 1, 1};
-    res = encode(map_parts, dtype, 5, base, dims5, strides5, box5, element_strides,
-                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
-                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  }
+  const CUresult res = encode(map, dtype, 4, base, dims, strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     return invalid("k_cache: the TMA tensor map could not be encoded (CUresult ", static_cast<int>(res),
                    ") for shape ", k.shape_string(), " and strides ", strides_string(k));
@@ -270,10 +259,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   const int m_blocks = static_cast<int>((shape.s_q * (shape.h_q / shape.h_kv) + 63) / 64);
   const DenseDecodeTuning& tuning = dense_decode_tuning();
   const int promotion = tuning.l2_promotion >= 0 ? tuning.l2_promotion : (m_blocks == 1 ? 128 : 256);
-  OPENMLA_RETURN_IF_ERROR(
-      encode_cache_maps(args.k_cache, shape, ws, promotion, &params.tma_k, &params.tma_kv4));
-  params.part_boxes = tuning.part_boxes != 0 && page_size >= 64 ? 1 : 0;
-  params.prefetch_pairs = page_size >= 64 ? std::max(0, tuning.prefetch_pairs) : 0;
+  OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, promotion, &params.tma_k));
   params.q = args.q.data;
   params.q_stride_b = args.q.strides[0];
   params.q_stride_s = args.q.strides[1];

@@ -40,14 +40,6 @@ struct DenseDecodeTuning {
   // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
   // h_q 128), as the sweep measured (NOTES.md v10).
   int l2_promotion = -1;
-  // Pages of >= 64 keys: each V part's four pieces as one 32 KB TMA box (1) or four 8 KB boxes
-  // (0). A thread's TMA stream is capped by the boxes it has in flight, not their bytes
-  // (openmla_bench_tma_stream), and the refill of a part is on the pipeline's critical path
-  // (NOTES.md v14).
-  int part_boxes = 1;
-  // Pages of >= 64 keys: the producers prefetch each stage's tile this many pairs ahead into L2
-  // (0: off), so refills come from L2 (NOTES.md v16).
-  int prefetch_pairs = 1;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

@@ -12,12 +12,6 @@ struct DenseDecodeParams {
   // The paged cache as a 4-D TMA tensor map (dims, token-in-page, kv head, block), box 64 dims x
   // min(page_size, 32) tokens, 128 B swizzle (first member: CUtensorMap is over-aligned).
   CUtensorMap tma_k;
-  // The same cache as a 5-D map (dims of a piece, token-in-page, piece, kv head, block), box
-  // 64 dims x 64 tokens x 4 pieces: one 32 KB box fills a part's four V pieces (pages >= 64).
-  CUtensorMap tma_kv4;
-  int part_boxes;  // 1: V parts as one 32 KB box each (pages >= 64); 0: an 8 KB box a piece
-  int prefetch_pairs;  // > 0 (pages >= 64): each tile also prefetches its stage's tile that many
-                       // pairs ahead into L2
 
   const void* q;  // [b, s_q, h_q, d_qk]
   int64_t q_stride_b, q_stride_s, q_stride_h;
