@@ -291,7 +291,7 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   return us;
 }
 
-// The timeline of CTA 0 (pipeline.cuh Tracer): per pair, each role's stamps in clocks after WG0
+// The timeline of CTA 0 (kernel.cuh Tracer): per pair, each role's stamps in clocks after WG0
 // began that pair; the first column is the pair's period (WG0 start to WG0 start).
 void print_trace(const long long* trace_d, int pairs) {
   std::vector<long long> tr(static_cast<size_t>(3) * pairs * 16);
@@ -301,20 +301,20 @@ void print_trace(const long long* trace_d, int pairs) {
     return tr[(static_cast<size_t>(role) * pairs + pair) * 16 + ev];
   };
   std::printf("\ntimeline of CTA 0, clocks after WG0's pair start (0 = not reached)\n"
-              "WG0: 0 softmax(2k) begins, 1 PV(2k)_L done, 2 P(2k+1) and factor in, 3 S(2k+2) "
-              "done\nWG1: 0 start, 1 PV on P(2k) issued, 2 P(2k+1) out, 3 PV(2k+1)_R done\n"
-              "producers: 0 stage 0's pair start, 1-2 stage 0 parts issued (L, R + RoPE), 3-4 "
-              "stage 1 parts issued (L + RoPE, R)\n");
+              "WG0: 1 S(2k) done, 2 P(2k-1) in + its PV_L issued, 3 P(2k) out, 4 PV(2k)_L done\n"
+              "WG1: 0 start, 1 S(2k+1) done, 2 P(2k) in + its PV_R issued, 3 P(2k+1) out, "
+              "4 PV(2k+1)_R done\nproducers: 0 stage 0's pair start, 1-3 stage 0 parts issued "
+              "(RoPE, L, R), 4-6 stage 1 parts issued (RoPE, R, L)\n");
   for (int q = 0; q < pairs; ++q) {
     const long long base = at(0, q, 0);
     if (base == 0) break;
     const long long period = q + 1 < pairs && at(0, q + 1, 0) != 0 ? at(0, q + 1, 0) - base : 0;
     std::printf("pair %2d period %6lld | WG0", q, period);
-    for (int e = 1; e <= 3; ++e) std::printf(" %6lld", at(0, q, e) ? at(0, q, e) - base : 0);
+    for (int e = 1; e <= 4; ++e) std::printf(" %6lld", at(0, q, e) ? at(0, q, e) - base : 0);
     std::printf(" | WG1");
-    for (int e = 0; e <= 3; ++e) std::printf(" %6lld", at(1, q, e) ? at(1, q, e) - base : 0);
+    for (int e = 0; e <= 4; ++e) std::printf(" %6lld", at(1, q, e) ? at(1, q, e) - base : 0);
     std::printf(" | prod");
-    for (int e = 0; e <= 4; ++e) std::printf(" %6lld", at(2, q, e) ? at(2, q, e) - base : 0);
+    for (int e = 0; e <= 6; ++e) std::printf(" %6lld", at(2, q, e) ? at(2, q, e) - base : 0);
     std::printf("\n");
   }
 }

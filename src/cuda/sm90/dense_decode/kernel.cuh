@@ -1,37 +1,37 @@
-// SM90 dense MLA decode: two TMA producer warps per stage + two wgmma warpgroups in a seesaw
-// over pairs of tiles. Design, numbers and tuning history: NOTES.md. Compile-time choices:
-// traits.h; producers and barriers: pipeline.cuh; per-tile register work: tile_ops.cuh.
+// SM90 dense MLA decode: two TMA producer warps + two wgmma warpgroups in a software-pipelined
+// seesaw. Design, numbers and tuning history: NOTES.md. Compile-time choices: traits.h.
 //
 // Grid (m_blocks, h_kv, num_sm_parts), 384 threads, one CTA per SM. CTA (m, g, w) serves query
 // rows [64 m, 64 m + 64) of kv head g for every request piece of schedule worker w; a request
 // piece is the key range [tok_begin, tok_end) walked in pairs of 64-key tiles: WG0 scores the
 // even tiles (stage 0), WG1 the odd ones (stage 1), and both multiply every tile's P by their
-// half of V (WG0 dims 0-255, WG1 256-511). Per pair k (tiles A = 2k, B = 2k + 1; S(A) and S(B)
-// were computed at the end of pair k - 1), with m the running max (v17, NOTES.md):
+// half of V (WG0 dims 0-255, WG1 256-511). Per pair k (tiles 2k, 2k+1), with m the running max:
 //
-//   WG0: m(A) = max(m(B-2), rowmax S(A)); P(A) = e^(S(A) - m(A)) -> smem (A's dead RoPE piece)
-//        with m(A) for WG1; O_L *= e^(m(B-2) - m(A)); O_L += P(A) V(A)_L, waited: V(A)_L back;
-//        [m(B), e^(m(A) - m(B)), P(B) from WG1] O_L *= e^(m(A) - m(B)); O_L += P(B) V(B)_L (SS);
-//        S(A+2) = Q K(A+2)^T: its V-left part under that PV; then V(B)_L + P(B) back; the rest
-//   WG1: [P(A), m(A)] O_R *= e^(m(B-2) - m(A)); O_R += P(A) V(A)_R (SS, issued); softmax of B
-//        against m(A) under it -> P(B), m(B), the factor to WG0; that PV done: V(A)_R + P(A)
-//        back; O_R *= e^(m(A) - m(B)); O_R += P(B) V(B)_R; V(B)_R back; S(B+2)
+//   WG0: P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L   (issued)
+//        S = Q K(2k)^T piece by piece as they land (PV above runs under it; V(2k-1)_L handed
+//        back once it is done); m(2k) = max(m, rowmax S); P(2k) -> smem for WG1;
+//        O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L; V(2k)_L handed back
+//   WG1: P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R           (issued)
+//        S = Q K(2k+1)^T piece by piece (PV above under it; V(2k)_R handed back when done);
+//        m(2k+1); P(2k+1) -> smem for WG0; O_R *= ...; O_R += P(2k+1) V(2k+1)_R; handed back
 //
-// so each tile's two PVs start as soon as its P exists (WG1 runs WG0's PV under its own softmax),
-// stage 0 goes back early in the pair, and both QK^Ts of the next pair follow the pair's PVs. The
-// other warpgroup's P is read by the wgmma straight from shared memory. Each part of a stage (V
-// left, V right; the RoPE piece, which holds P, goes with the part its reader hands back) is
-// handed back by its last reader and refilled at once by the stage's own producer warps, in the
-// order parts come back. V is the first 512 dims of the same keys (read transposed, MN-major).
-// A request with one split writes out/lse here; otherwise the split's fp32 partial goes to the
-// workspace for combine.cu, which this grid lets launch early.
+// so each tile's PVs run while the next tile's K streams in and is scored, and a stage goes back
+// to its producer warp as soon as its last PV is done (v7 held both stages until a pair's four
+// PVs were done). Each part of a stage (V left, V right, RoPE) is handed back by its last reader
+// and refilled at once by the stage's own producer warp, in the order parts come back. V is the
+// first 512 dims of the same keys (read transposed, MN-major). A request with one split writes
+// out/lse here; otherwise the split's fp32 partial goes to the workspace for combine.cu, which
+// this grid lets launch early.
 #pragma once
 
 #include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
 #include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
@@ -39,39 +39,270 @@
 
 #include "cuda/sm90/dense_decode/launch.h"
 #include "cuda/sm90/dense_decode/params.h"
-#include "cuda/sm90/dense_decode/pipeline.cuh"
-#include "cuda/sm90/dense_decode/tile_ops.cuh"
 #include "cuda/sm90/dense_decode/traits.h"
 
 namespace openmla::cuda::sm90 {
 namespace dense_decode_detail {
 
-// One part of S = Q K^T of stage kStage's tile (the kIndex-th in the stage's part order), its
-// wgmmas issued and not waited for. kStream: each piece's wgmmas as soon as it lands; ptxas then
-// closes a wgmma group at each piece (a barrier's wait loop lies between them), so a later
-// wgmma wait counts pieces. Otherwise every piece is waited for first and the part is one group,
-// which a wait for an earlier group (the PV before it) can leave pending.
-template <class Traits, int kStage, int kIndex, bool kStream, class Mma, class TQ, class TK,
-          class TS>
-__device__ __forceinline__ void qk_part(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
-                                        uint64_t* full, uint32_t phase) {
+// Named barriers (hardware ids; 0 is __syncthreads). Counts in threads.
+enum : uint32_t {
+  kBarRequest = 1,   // both compute WGs: Q loaded / previous request finished (256)
+  kBarP0Ready = 2,   // WG0 -> WG1: P0, m0 published (256)
+  kBarP1Ready = 3,   // WG1 -> WG0: P1, m1, scale1 published (256)
+  kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
+  kBarWg1 = 5,       // inside WG1 (128)
+  kBarEpilogue = 6,  // row sums exchanged (256)
+};
+
+__device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// Generic-proxy smem writes (P, Q, zeroed rows) ordered before async-proxy accesses (wgmma reads,
+// the next TMA write into the same bytes). With a memory clobber, unlike CUTLASS's
+// fence_view_async_shared: the stores before it must not sink below it.
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// A part of a stage handed back to its producer warp: lane 0 of each of the 4 warps of the
+// releasing warpgroup arrives (the empty barrier counts 4).
+__device__ __forceinline__ void release_part(uint64_t* empty, int lane) {
+  if (lane == 0) cutlass::arch::ClusterBarrier::arrive(empty);
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <typename Element>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (cute::is_same_v<Element, cute::bfloat16_t>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Byte offset of (row, 16-byte chunk) inside an 8 KB piece of 64 rows x 128 B, 128 B swizzle
+// (the TMA/GMMA pattern: chunk index XOR row mod 8; pieces start on 1024 B boundaries).
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// The wgmma accumulator ((2,2,N/8),M,N) seen as (rows, cols): ((2,M),(2,N/8,N)).
+template <class Layout>
+__device__ __forceinline__ auto acc_rowcol(Layout const& l) {
   using namespace cute;
-  constexpr int kSteps = Traits::kPieceDims / 16;
-  constexpr int kPart = Traits::part_order(kStage, kIndex);
-  if constexpr (!kStream) wait_part<Traits>(full, kStage, kPart, phase);
-  warpgroup_arrive();
-#pragma unroll
-  for (int i = 0; i < Traits::part_num_pieces(kStage, kPart); ++i) {
-    const int c = Traits::part_piece(kStage, kPart, i);
-    if constexpr (kStream) cutlass::arch::ClusterBarrier::wait(&full[c], phase);
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
-      const bool first = kIndex == 0 && i == 0 && kk == 0;
-      mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-      gemm(mma, tSrQ(_, _, c * kSteps + kk), tSrK(_, _, c * kSteps + kk), tSrS);
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)),
+                     make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+}
+
+// A descriptor fragment moved by `bytes` (another stage). The sum goes through an empty asm so
+// the compiler cannot hoist the 36 per-k-step descriptors of the loop into live registers
+// (it did: 72+ registers, spills); each step's descriptor is then one add at its use.
+template <class Frag>
+__device__ __forceinline__ auto at_offset(Frag const& frag, uint32_t bytes) {
+  cute::GmmaDescriptor desc = frag.data().desc_;
+  uint32_t lo = desc.reg32_[0] + (bytes >> 4);
+  asm volatile("" : "+r"(lo));
+  desc.reg32_[0] = lo;
+  return cute::make_tensor(cute::GMMA::DescriptorIterator{desc}, frag.layout());
+}
+
+// Timeline stamps (DenseDecodeParams::trace): one thread of each role of CTA (0,0,0) records
+// clock64 at fixed points of its first trace_pairs pairs. Compiled in only with
+// OPENMLA_DENSE_DECODE_TRACE (CMake option of the same name; tools/profile_dense_decode.sh):
+// the stamps cost the compute warpgroups registers they do not have to spare.
+constexpr int kTraceEvents = 16;
+struct Tracer {
+#if defined(OPENMLA_DENSE_DECODE_TRACE)
+  long long* row = nullptr;  // this role's [pair][event] rows, null when not tracing
+  __device__ __forceinline__ Tracer(const DenseDecodeParams& p, int role, bool leader) {
+    if (p.trace != nullptr && leader && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+      row = p.trace + static_cast<int64_t>(role) * p.trace_pairs * kTraceEvents;
+      trace_pairs_ = p.trace_pairs;
     }
   }
-  warpgroup_commit_batch();
+  __device__ __forceinline__ void mark(int pair, int event) const {
+    if (row != nullptr && pair < trace_pairs_) row[pair * kTraceEvents + event] = clock64();
+  }
+  int trace_pairs_ = 0;
+#else
+  __device__ __forceinline__ Tracer(const DenseDecodeParams&, int, bool) {}
+  __device__ __forceinline__ void mark(int, int) const {}
+#endif
+};
+
+// The key range one worker walks in request r.
+struct RequestPiece {
+  int seqlen;     // keys of the request (clamped to the cache capacity)
+  int tok_begin;  // first key of this piece (a multiple of 64 for 64-key schedules)
+  int tok_end;    // one past the last key
+  int tile_begin;  // tok_begin rounded down to 64: tiles are 64-aligned (keys below are masked)
+  __device__ __forceinline__ int num_tiles() const { return (tok_end - tile_begin + 63) / 64; }
+};
+__device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p, int r,
+                                                      int begin_req, int begin_tok, int last_req,
+                                                      int end_tok) {
+  int64_t len = p.seqlens[r * p.seqlens_stride];
+  len = len < 0 ? 0 : (len > p.capacity ? p.capacity : len);
+  RequestPiece piece;
+  piece.seqlen = static_cast<int>(len);
+  piece.tok_begin = r == begin_req ? begin_tok : 0;
+  piece.tok_end = min(r == last_req ? end_tok : piece.seqlen, piece.seqlen);
+  if (piece.tok_begin < 0) piece.tok_begin = 0;
+  if (piece.tok_end < piece.tok_begin) piece.tok_end = piece.tok_begin;
+  piece.tile_begin = piece.tok_begin & ~63;
+  return piece;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producers: lane 0 of warps 8 and 9 fill stage 0 (the even tiles), lane 0 of warps 10 and 11
+// stage 1 (the odd tiles), each refilling its pieces of a part as soon as the part is handed
+// back, in the stage's part order. (One
+// thread issuing both stages in a fixed order waited for the part handed back last while the
+// others sat free; a producer warp holding block ids ahead or prefetching into L2 measured no
+// better: NOTES.md v3, v5c, v8.)
+
+// A thread issuing TMA keeps only a few boxes in flight: one thread streams ~32 GB/s into an SM
+// from DRAM (~42 from L2) however many slots are free, two threads in two warps twice that
+// (openmla_bench_tma_stream, NOTES.md v10). So each stage's pieces are issued by two warps.
+constexpr int kIssuersPerStage = 2;
+
+// One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`, each
+// piece completing its own barrier; this thread issues the part's pieces sub, sub + 2, ... Pages of >= 64 keys: one 64-key box per piece (`block` is
+// the tile's block). Smaller pages: one box per (page, piece), pages past the last valid key not
+// loaded (the consumers zero those V rows and mask those keys).
+template <class Traits, bool kSmallPages>
+__device__ __forceinline__ void load_part(const DenseDecodeParams& p,
+                                          typename Traits::SharedStorage& smem,
+                                          const int32_t* table, int block, int row, int kv_head,
+                                          int stage, int part, int t0, int valid, uint32_t phase,
+                                          int sub, uint64_t hint) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  const int first = Traits::part_first_piece(part), n = Traits::part_pieces(part);
+  cutlass::arch::ClusterBarrier::wait(&smem.empty[stage][part], phase ^ 1);
+  typename Traits::Element* dst = smem.k[stage] + first * Traits::kPieceElems;
+  // (Loops kept rolled and no divisions: the producers have 40 registers.)
+  if constexpr (!kSmallPages) {  // `block`, `row`: the tile's block and first row in it
+#pragma unroll 1
+    for (int c = sub; c < n; c += kIssuersPerStage) {
+      uint64_t* full = &smem.full[stage][first + c];
+      Barrier::arrive_and_expect_tx(full, valid > 0 ? Traits::kPieceBytes : 0);
+      if (valid > 0) {
+        cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, hint, dst + c * Traits::kPieceElems,
+                                     (first + c) * Traits::kPieceDims, row, kv_head, block);
+      }
+    }
+  } else {  // pages of 8, 16 or 32 keys (2^page_shift): the tile's pages from the table
+    const int pages = (valid + p.page_size - 1) >> p.page_shift;
+    const int first_page = t0 >> p.page_shift;
+#pragma unroll 1
+    for (int c = sub; c < n; c += kIssuersPerStage) {
+      uint64_t* full = &smem.full[stage][first + c];
+      Barrier::arrive_and_expect_tx(full, static_cast<uint32_t>(pages * p.page_size * 128));
+#pragma unroll 1
+      for (int j = 0; j < pages; ++j) {
+        const int b = table[(first_page + j) * p.block_table_stride_n];
+        cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, hint,
+                                     dst + c * Traits::kPieceElems + j * p.page_size * Traits::kPieceDims,
+                                     (first + c) * Traits::kPieceDims, 0, kv_head, b);
+      }
+    }
+  }
+}
+
+// Stage `stage`'s tiles of every request piece of this worker: tile 2k + stage of each pair k.
+// Tile 1 of a pair past the piece's end is an empty load (0 bytes): every barrier still completes
+// one phase per pair, so both sides count pairs alone.
+template <class Traits, bool kSmallPages>
+__device__ __forceinline__ void produce(const DenseDecodeParams& p,
+                                        typename Traits::SharedStorage& smem, int kv_head,
+                                        int stage, int sub) {
+  auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
+  const Tracer trace(p, 2, sub == 0);
+  int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
+  for (int r = field(0); r <= field(2); ++r) {
+    const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
+    const int32_t* table = p.block_table + r * p.block_table_stride_b;
+    const int n_tiles = piece.num_tiles();
+    const uint64_t hint = piece.seqlen >= p.long_from ? p.cache_hint_long : p.cache_hint;
+    for (int it = stage; it < n_tiles + stage; it += 2, ++pair) {
+      const int t0 = piece.tile_begin + it * Traits::kBlockN;
+      const int valid = max(0, min(Traits::kBlockN, piece.tok_end - t0));
+      // Pages of >= 64 keys: the tile's one block id (read before the first part is free) and its
+      // first row in that block.
+      int block = 0, row = 0;
+      if constexpr (!kSmallPages) {
+        const int page = t0 / p.page_size;
+        if (valid > 0) block = table[page * p.block_table_stride_n];
+        row = t0 - page * p.page_size;
+      }
+      if (stage == 0) trace.mark(pair, 0);
+#pragma unroll 1
+      for (int i = 0; i < Traits::kNumParts; ++i) {
+        load_part<Traits, kSmallPages>(p, smem, table, block, row, kv_head, stage,
+                                       Traits::part_order(stage, i), t0, valid, pair & 1, sub,
+                                       hint);
+        trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compute warpgroups.
+
+// S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order,
+// one wgmma group per part. After the second part's group `after_second_part` runs with at most
+// that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
+template <class Traits, int kStage, class Mma, class TQ, class TK, class TS, class F>
+__device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
+                                        uint64_t* full, uint32_t phase, F&& after_second_part) {
+  using namespace cute;
+  constexpr int kSteps = Traits::kPieceDims / 16;
+  warpgroup_fence_operand(tSrS);
+#pragma unroll
+  for (int i = 0; i < Traits::kNumParts; ++i) {
+    const int part = Traits::part_order(kStage, i);
+    // One fence a part: between a part's pieces only barrier waits come, no register writes.
+    // (A fence a piece made ptxas close a wgmma group a piece, so the wait below for the other
+    // tile's PV waited for this QK^T's earlier pieces too.)
+    cutlass::arch::ClusterBarrier::wait(&full[Traits::part_first_piece(part)], phase);
+    warpgroup_arrive();
+#pragma unroll
+    for (int c = Traits::part_first_piece(part);
+         c < Traits::part_first_piece(part) + Traits::part_pieces(part); ++c) {
+      if (c != Traits::part_first_piece(part)) cutlass::arch::ClusterBarrier::wait(&full[c], phase);
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        const bool first = i == 0 && c == Traits::part_first_piece(part) && kk == 0;
+        mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        gemm(mma, tSrQ(_, _, c * kSteps + kk), tSrK(_, _, c * kSteps + kk), tSrS);
+      }
+    }
+    warpgroup_commit_batch();
+    if (i == 1) {
+      warpgroup_wait<1>();
+      after_second_part();
+    }
+  }
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tSrS);
 }
 
 // O += P V with P from registers (issued and committed, not waited for).
@@ -85,23 +316,161 @@ __device__ __forceinline__ void gemm_pv(Mma& mma, TP& tOrP, TV const& tOrV, TO& 
   gemm(mma, tOrP, tOrV, tOrO);
   warpgroup_commit_batch();
 }
-// O += P V with P from shared memory (issued and committed, not waited for).
-template <class Mma, class TP, class TV, class TO>
-__device__ __forceinline__ void gemm_pv_shared(Mma& mma, TP const& tOsP, TV const& tOsV,
-                                               TO& tOrO) {
-  using namespace cute;
-  warpgroup_fence_operand(tOrO);
-  warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::One;
-  gemm(mma, tOsP, tOsV, tOrO);
-  warpgroup_commit_batch();
-}
 
 template <class TO, class TP>
 __device__ __forceinline__ void wait_pv(TO& tOrO, TP& tOrP) {
   cute::warpgroup_wait<0>();
   cute::warpgroup_fence_operand(tOrO);
   cute::warpgroup_fence_operand(tOrP);
+}
+
+// Keys outside [lower, limit[i]) of row i (absolute key indices) get -inf.
+template <class TS, class TC>
+__device__ __forceinline__ void mask_tile(TS& S, TC const& cS, int t0, int lower,
+                                          const int (&limit)[2]) {
+  using namespace cute;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < size<1>(S); ++j) {
+      const int key = t0 + get<1>(cS(i, j));
+      if (key >= limit[i] || key < lower) S(i, j) = -INFINITY;
+    }
+  }
+}
+
+// Zero V rows [valid, 64) of the 8 V pieces of a tile, so keys past the piece's end (unused
+// cache slots may hold anything, NaN too, or were never loaded) add 0 * 0 to P V. A row is
+// 128 contiguous bytes of its piece whatever the swizzle.
+template <class Traits>
+__device__ __forceinline__ void zero_v_rows(typename Traits::Element* tile, int valid,
+                                            int thread) {
+  char* base = reinterpret_cast<char*>(tile);
+  const int chunks = (Traits::kBlockN - valid) * Traits::kNumVPieces * 8;  // 16 B chunks
+  for (int idx = thread; idx < chunks; idx += 128) {
+    const int row = valid + idx / (Traits::kNumVPieces * 8);
+    const int k = idx % (Traits::kNumVPieces * 8);
+    *reinterpret_cast<uint4*>(base + (k / 8) * Traits::kPieceBytes + row * 128 + (k % 8) * 16) =
+        make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// One level of a reduction tree: v[j] op= v[j + W] for j < W, then the next level.
+template <bool kMax, int W>
+__device__ __forceinline__ void reduce_levels(float* v) {
+#pragma unroll
+  for (int j = 0; j < W; ++j) v[j] = kMax ? fmaxf(v[j], v[j + W]) : v[j] + v[j + W];
+  if constexpr (W > 1) reduce_levels<kMax, W / 2>(v);
+}
+
+// Max (or sum) of row i of this thread's accumulator values, as a tree (a dependent chain put
+// 16 operations on the path the other warpgroup waits on). The levels are template recursion:
+// `for (w = n / 2; w > 0; w /= 2)` was left rolled at n = 16, with v[] in local memory.
+template <bool kMax, class TS>
+__device__ __forceinline__ float row_reduce(TS const& S, int i) {
+  constexpr int n = cute::size<1>(TS{}.layout());
+  float v[n];
+#pragma unroll
+  for (int j = 0; j < n; ++j) v[j] = S(i, j);
+  reduce_levels<kMax, n / 2>(v);
+  return v[0];
+}
+
+template <class TO>
+__device__ __forceinline__ void rescale_rows(TO& O, const float (&scale)[2]) {
+  using namespace cute;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < size<1>(O); ++j) O(i, j) *= scale[i];
+  }
+}
+
+// The running max m as an exp2 exponent offset: rows that have seen no key yet (m = -inf) use 0
+// so exp2(-inf - 0) = 0 instead of NaN.
+__device__ __forceinline__ float max_base(float m, float scale_log2) {
+  return m == -INFINITY ? 0.f : m * scale_log2;
+}
+
+// P = exp(S - m) in place (S's accumulator order) and its row sums; P packed into the A
+// fragment of P V (the accumulator's register order is the A fragment's: 2 values a word).
+template <class Element, class TS, class TAcc, class TP>
+__device__ __forceinline__ void softmax_to_p(TS& S, TAcc const& tSrS, const float (&base)[2],
+                                             float sl2, float (&row_sum)[2], TP& tOrP) {
+  using namespace cute;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < size<1>(S); ++j) S(i, j) = exp2_approx(S(i, j) * sl2 - base[i]);
+    row_sum[i] = row_reduce<false>(S, i);
+  }
+  // The accumulator's flat order (tSrS, compact) is the fragment's; pack pairs of it.
+  static_assert(decltype(size(tSrS))::value == 2 * decltype(size(recast<uint32_t>(tOrP)))::value);
+  Tensor P32 = recast<uint32_t>(tOrP);
+#pragma unroll
+  for (int k = 0; k < size(P32); ++k) P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
+}
+
+// P fragments cross between the warpgroups thread-major: word 4j..4j+3 of thread t is the 16 B
+// at (j * 128 + t) * 16, so a warp's accesses are 512 contiguous bytes (no bank conflicts).
+template <class TP>
+__device__ __forceinline__ void store_p(void* buf, TP& tOrP, int t) {
+  using namespace cute;
+  Tensor P32 = recast<uint32_t>(tOrP);
+  uint4* dst = static_cast<uint4*>(buf);
+#pragma unroll
+  for (int j = 0; j < size(P32) / 4; ++j) {
+    dst[j * 128 + t] = make_uint4(P32(4 * j), P32(4 * j + 1), P32(4 * j + 2), P32(4 * j + 3));
+  }
+}
+template <class TP>
+__device__ __forceinline__ void load_p(const void* buf, TP& tOrP, int t) {
+  using namespace cute;
+  Tensor P32 = recast<uint32_t>(tOrP);
+  const uint4* src = static_cast<const uint4*>(buf);
+#pragma unroll
+  for (int j = 0; j < size(P32) / 4; ++j) {
+    const uint4 v = src[j * 128 + t];
+    P32(4 * j) = v.x;
+    P32(4 * j + 1) = v.y;
+    P32(4 * j + 2) = v.z;
+    P32(4 * j + 3) = v.w;
+  }
+}
+
+// Q rows of (request, kv head, m_block) into smem; rows past the request's rows are zero.
+template <class Traits>
+__device__ __forceinline__ void load_q(const DenseDecodeParams& p, typename Traits::Element* sQ,
+                                       int r, int kv_head, int m_block, int thread) {
+  constexpr int kChunksPerRow = Traits::kHeadDimQK / 8;  // 16 B chunks
+  constexpr int kChunks = Traits::kBlockM * kChunksPerRow;
+  static_assert(kChunks % Traits::kNumMmaThreads == 0);
+  const char* q = static_cast<const char*>(p.q);
+  char* base = reinterpret_cast<char*>(sQ);
+  // Opaque to the compiler: else it hoists all 18 chunks' addresses out of the request loop
+  // into registers the MMA warpgroups need.
+  asm volatile("" : "+r"(thread));
+  uint4 v[kChunks / Traits::kNumMmaThreads];
+#pragma unroll
+  for (int it = 0; it < kChunks / Traits::kNumMmaThreads; ++it) {
+    const int idx = it * Traits::kNumMmaThreads + thread;
+    const int row = idx / kChunksPerRow, ch = idx % kChunksPerRow;
+    const int grow = m_block * Traits::kBlockM + row;
+    v[it] = make_uint4(0u, 0u, 0u, 0u);
+    if (grow < p.rows) {
+      const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
+      const int64_t off = r * p.q_stride_b + s * p.q_stride_s + h * p.q_stride_h + ch * 8;
+      v[it] = __ldg(reinterpret_cast<const uint4*>(q + off * 2));
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kChunks / Traits::kNumMmaThreads; ++it) {
+    const int idx = it * Traits::kNumMmaThreads + thread;
+    const int row = idx / kChunksPerRow, ch = idx % kChunksPerRow;
+    *reinterpret_cast<uint4*>(base + (ch / 8) * (Traits::kQPieceElems * 2) +
+                              swizzled_offset(row, ch % 8)) =
+        v[it];
+  }
 }
 
 // Returns the pairs it consumed (for the trace's CTA spans).
@@ -112,21 +481,17 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kPartL = Traits::kPartL, kPartR = Traits::kPartR;
   const int t = thread - wg * 128;  // thread in its warpgroup
   const int lane = t % 32;
 
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;
-  typename Traits::TiledMmaPVShared mma_pv_s;
   auto thr_qk = mma_qk.get_thread_slice(t);
   auto thr_pv = mma_pv.get_thread_slice(t);
-  auto thr_pv_s = mma_pv_s.get_thread_slice(t);
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});  // (64,D)
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);                                  // (MMA,1,D/16)
   // Descriptors of stage 0; stage 1 by byte offset (at_offset).
-  constexpr uint32_t kStageBytes = Traits::kTileElems * 2;
   Tensor tSrK = thr_qk.partition_fragment_B(
       make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutK{}));  // (MMA,1,D/16)
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<64>, Int<kBlockN>>{});  // (MMA,1,1) fp32
@@ -135,25 +500,22 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   Tensor tScS = thr_qk.partition_C(cS);
   Tensor cS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (2,16) -> (row,key)
 
-  // This warpgroup's own P in registers: the A operand of its register-sourced PV.
-  Tensor tOrP = thr_pv.partition_fragment_A(
-      make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutP{}));  // (MMA,1,4) Element
-  static_assert(size(decltype(tOrP){}) == size(decltype(tSrS){}));
-  // The P a stage's tile hands to the other warpgroup: in the tile's RoPE piece at d 576, in a
-  // buffer of its own at d 512; stage 1's at kPStageBytes past stage 0's.
-  Element* const p_stage0 =
-      Traits::kPInKTile ? smem.k[0] + 8 * Traits::kPieceElems : smem.p[0];
-  constexpr uint32_t kPStageBytes = Traits::kPInKTile ? kStageBytes : Traits::kPBytes;
-  auto p_buffer = [&](int stage) {
-    return static_cast<void*>(reinterpret_cast<char*>(p_stage0) + stage * kPStageBytes);
+  // P as the A operand of P V, in registers: this warpgroup's own tile, and the other's (read
+  // from shared memory).
+  Tensor sP_shape = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutP{});
+  Tensor tOrP_own = thr_pv.partition_fragment_A(sP_shape);    // (MMA,1,4) Element
+  Tensor tOrP_other = thr_pv.partition_fragment_A(sP_shape);  // (MMA,1,4) Element
+  static_assert(size(decltype(tOrP_own){}) == size(decltype(tSrS){}));
+  // The P exchange buffer of a stage: its RoPE piece at d 576, a buffer of its own at d 512.
+  auto p_buffer = [&](int stage) -> void* {
+    return Traits::kPInKTile ? static_cast<void*>(smem.k[stage] + 8 * Traits::kPieceElems)
+                             : static_cast<void*>(smem.p[Traits::kPInKTile ? 0 : stage]);
   };
-  Tensor tOsP = thr_pv_s.partition_fragment_A(
-      make_tensor(make_smem_ptr(p_stage0), typename Traits::SmemLayoutP{}));  // (MMA,1,4)
   // This warpgroup's V dims [256 wg, 256 wg + 256) = pieces [4 wg, 4 wg + 4) of a tile.
-  Tensor sV = make_tensor(make_smem_ptr(smem.k[0] + wg * (Traits::kNumVPieces / 2) * Traits::kPieceElems),
-                          typename Traits::SmemLayoutV{});
-  Tensor tOrV = thr_pv.partition_fragment_B(sV);    // (MMA,1,4)
-  Tensor tOsV = thr_pv_s.partition_fragment_B(sV);  // (MMA,1,4)
+  Tensor tOrV = thr_pv.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.k[0] + wg * (Traits::kNumVPieces / 2) * Traits::kPieceElems),
+                  typename Traits::SmemLayoutV{}));  // (MMA,1,4)
+  constexpr uint32_t kStageBytes = Traits::kTileElems * 2;
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<64>, Int<Traits::kVHalfDims>>{});  // fp32
   Tensor O = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));                       // (2,128)
   Tensor cO = make_identity_tensor(Shape<Int<64>, Int<Traits::kVHalfDims>>{});
@@ -194,46 +556,59 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     clear(tOrO);
 
     const int n_pairs = (n_tiles + 1) / 2;
-    const bool has_last_b = n_tiles % 2 == 0;  // the last pair has both tiles
     // Pair k's tile in stage `stage`: its first key, and how many of its keys are before the end.
     auto tile_key = [&](int k, int stage) { return piece.tile_begin + (2 * k + stage) * kBlockN; };
     auto tile_valid = [&](int k, int stage) {
       return max(0, min(kBlockN, piece.tok_end - tile_key(k, stage)));
     };
-    // The landed S of pair k's tile in `stage`: masked, and its row maxima.
-    auto finish_score = [&](int stage, int k, float(&mx)[2]) {
+    // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
+    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_second_part) {
+      constexpr int kStage = decltype(stage_c)::value;
+      gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
+                              tSrS, smem.full[kStage], phase, after_second_part);
       warpgroup_fence_operand(tOrO);
-      const int k0 = tile_key(k, stage);
+      const int k0 = tile_key(k, kStage);
       if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
         mask_tile(S, cS_rc, k0, piece.tok_begin, limit);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
     };
-    // S = Q K^T of pair k's tile in stage kStage, both parts, waited.
-    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2]) {
-      constexpr int kStage = decltype(stage_c)::value;
-      warpgroup_fence_operand(tSrS);
-      qk_part<Traits, kStage, 0, true>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
-                                 tSrS, smem.full[kStage], phase);
-      qk_part<Traits, kStage, 1, true>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
-                                 tSrS, smem.full[kStage], phase);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      finish_score(kStage, k, mx);
-    };
-    float mx[2] = {-INFINITY, -INFINITY};  // row maxima of the warpgroup's next S
 
     if (wg == 0) {
-      // Pair k. kHasB: tile 2k + 1 exists; kHasNext: pair k + 1 exists (its S(2k+2) is computed
-      // here). Each variant is a body of its own: a branch around a wgmma's issue and another
-      // around its wait made ptxas serialize every wgmma (NOTES.md v12).
-      auto body = [&](auto has_b_c, auto has_next_c, int k) __attribute__((always_inline)) {
-        constexpr bool kHasB = decltype(has_b_c)::value, kHasNext = decltype(has_next_c)::value;
-        static_assert(kHasB || !kHasNext);
+      // P of the odd tile of the previous pair (stage 1) from WG1, with WG1's running max and
+      // the factor e^(m_even - m_odd): rescale, hand the stage's RoPE piece (P's buffer) back,
+      // and when the tile exists issue O_L += P V_L on it (not waited for).
+      auto take_odd = [&](bool has_tile) {
+        bar_sync(kBarP1Ready, 256);
+        const float4 st = smem.stats1[t];
+        if (has_tile) load_p(p_buffer(1), tOrP_other, t);
+        if constexpr (Traits::kPInKTile) {
+          __syncwarp();
+          release_part(&smem.empty[1][Traits::kPartRope], lane);
+        }
+        const float scale1[2] = {st.z, st.w};
+        m_run[0] = st.x;
+        m_run[1] = st.y;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
+        rescale_rows(O, scale1);
+        if (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
+      };
+      for (int k = 0; k < n_pairs; ++k, ++pair) {
         const uint32_t phase = pair & 1;
         trace.mark(pair, 0);
-        // ---- softmax of tile 2k against the running max; P and the new max to WG1 ----
+        if (k > 0) take_odd(true);  // tile 2k - 1 exists whenever pair k does
+        trace.mark(pair, 1);
+        // ---- S of tile 2k; the PV on tile 2k - 1 runs under it, then its V left goes back ----
+        float mx[2];
+        score(cute::Int<0>{}, k, phase, mx, [&] {
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(tOrP_other);
+          if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
+        });
+        trace.mark(pair, 2);
+        // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -242,142 +617,122 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           scale0[i] = exp2_approx(m_run[i] * sl2 - base0[i]);
           m_run[i] = m0;
         }
-        softmax_to_p<Element>(S, tSrS, base0, sl2, sum0, tOrP);
+        softmax_to_p<Element>(S, tSrS, base0, sl2, sum0, tOrP_own);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale0[i] + sum0[i];
+        store_p(p_buffer(0), tOrP_own, t);
         smem.max0[t] = make_float2(m_run[0], m_run[1]);
         const int valid = tile_valid(k, 0);
         const bool zero = valid < kBlockN;
-        if (zero) zero_v_rows<Traits>(smem.k[0], valid, t);
-        store_p<Element, false>(p_buffer(0), S, t, scale0);
-        fence_async_smem();  // P and the zeroed rows before the wgmmas that read them
+        if (zero) {
+          zero_v_rows<Traits>(smem.k[0], valid, t);
+          fence_async_smem();  // the zeroed rows before the wgmmas that read them
+        }
         bar_arrive(kBarP0Ready, 256);
-        if (zero) bar_sync(kBarWg0, 128);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale0[i] + sum0[i];
+        trace.mark(pair, 3);
+        if (zero) {
+          bar_sync(kBarWg0, 128);
+        } else if constexpr (Traits::kPInKTile) {
+          // P before the next TMA into the RoPE piece. After the arrive: the fence (a MEMBAR)
+          // stays off WG1's path; that TMA waits for WG1 to have read P anyway.
+          fence_async_smem();
+        }
         // ---- O_L += P V_L on tile 2k, then stage 0's V left goes back ----
         rescale_rows(O, scale0);
-        gemm_pv(mma_pv, tOrP, at_offset(tOrV, 0), tOrO);
-        wait_pv(tOrO, tOrP);
-        release_part(&smem.empty[0][kPartL], lane);
-        trace.mark(pair, 1);
-        // ---- WG1's max after tile 2k + 1 and its P: O_L *= e^(m(2k) - m(2k+1)), then
-        // O_L += P(2k+1) V(2k+1)_L from smem ----
-        bar_sync(kBarP1Ready, 256);
-        const float4 st = smem.stats1[t];
-        const float scale1[2] = {st.z, st.w};
-        m_run[0] = st.x;
-        m_run[1] = st.y;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
-        rescale_rows(O, scale1);
-        trace.mark(pair, 2);
-        if constexpr (kHasB) {
-          gemm_pv_shared(mma_pv_s, at_offset(tOsP, kPStageBytes), at_offset(tOsV, kStageBytes),
-                         tOrO);
-        }
-        if constexpr (kHasNext) {
-          // S(2k + 2): its V-left part (refilled since the PV on tile 2k) behind that PV, then
-          // stage 1's V left + P go back, then the rest.
-          warpgroup_fence_operand(tSrS);
-          qk_part<Traits, 0, 0, false>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, 0), tSrS,
-                                       smem.full[0], phase ^ 1);
-          warpgroup_wait<1>();
-          release_part(&smem.empty[1][kPartL], lane);
-          qk_part<Traits, 0, 1, true>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, 0), tSrS,
-                                      smem.full[0], phase ^ 1);
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tSrS);
-          warpgroup_fence_operand(tOrO);
-          trace.mark(pair, 3);
-          finish_score(0, k + 1, mx);
-        } else {
-          if constexpr (kHasB) {
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tOrO);
-          } else {
-            wait_part<Traits>(smem.full[1], 1, kPartL, phase);  // the empty tile "landed"
-          }
-          release_part(&smem.empty[1][kPartL], lane);
-        }
-      };
+        gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, 0), tOrO);
+        wait_pv(tOrO, tOrP_own);
+        trace.mark(pair, 4);
+        release_part(&smem.empty[0][Traits::kPartL], lane);
+      }
       if (n_pairs > 0) {
-        score(cute::Int<0>{}, 0, pair & 1, mx);
-        for (int k = 0; k + 1 < n_pairs; ++k, ++pair) body(cute::true_type{}, cute::true_type{}, k);
-        if (has_last_b) {
-          body(cute::true_type{}, cute::false_type{}, n_pairs - 1);
-        } else {
-          body(cute::false_type{}, cute::false_type{}, n_pairs - 1);
-        }
-        ++pair;
+        // The request's last odd tile, if it has one (an even tile count): its PV, then stage
+        // 1's V left goes back (it completes a phase per pair, loaded or not).
+        const bool has_last = n_tiles % 2 == 0;
+        take_odd(has_last);
+        if (has_last) wait_pv(tOrO, tOrP_other);
+        release_part(&smem.empty[1][Traits::kPartL], lane);
       }
     } else {
-      // Pair k; kHasB: tile 2k + 1 exists; next_b: tile 2k + 3 exists (its S is computed here).
-      auto body = [&](auto has_b_c, int k, bool next_b) __attribute__((always_inline)) {
-        constexpr bool kHasB = decltype(has_b_c)::value;
+      for (int k = 0; k < n_pairs; ++k, ++pair) {
         const uint32_t phase = pair & 1;
+        const bool has1 = 2 * k + 1 < n_tiles;  // the pair's odd tile exists
         trace.mark(pair, 0);
-        // ---- P(2k) from WG0: O_R *= e^(m(2k-1) - m(2k)), O_R += P(2k) V(2k)_R from smem ----
+        // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
         bar_sync(kBarP0Ready, 256);
         const float2 m0v = smem.max0[t];
+        load_p(p_buffer(0), tOrP_other, t);
+        if constexpr (Traits::kPInKTile) {
+          __syncwarp();
+          release_part(&smem.empty[0][Traits::kPartRope], lane);
+        }
         const float m0[2] = {m0v.x, m0v.y};
-        float scale_a[2];
+        float scale0[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          scale_a[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
-          l_run[i] *= scale_a[i];
+          scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
+          l_run[i] *= scale0[i];
         }
-        rescale_rows(O, scale_a);
-        gemm_pv_shared(mma_pv_s, at_offset(tOsP, 0), at_offset(tOsV, 0), tOrO);
+        rescale_rows(O, scale0);
+        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
         trace.mark(pair, 1);
-        // ---- softmax of tile 2k + 1 against m(2k), under that PV: P, the max and WG0's factor
+        // ---- S of tile 2k + 1; the PV on tile 2k runs under it, then stage 0's V right goes
+        // back ----
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (has1) {
+          score(cute::Int<1>{}, k, phase, mx, [&] {
+            warpgroup_fence_operand(tOrO);
+            warpgroup_fence_operand(tOrP_other);
+            release_part(&smem.empty[0][Traits::kPartR], lane);
+          });
+        } else {
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[0][Traits::kPartR], lane);
+          // The tile past the end is a 0-byte phase of stage 1: no part of it may go back before
+          // the producer's arrival, or a release could run a phase ahead of the producer's wait
+          // (WG0 hands its parts back after kBarP1Ready, which follows this).
+#pragma unroll
+          for (int c = 0; c < Traits::kNumPieces; ++c) {
+            cutlass::arch::ClusterBarrier::wait(&smem.full[1][c], phase);
+          }
+        }
+        trace.mark(pair, 2);
+        // ---- softmax of tile 2k + 1 against m0: P, m1 and e^(m0 - m1) for WG0 ----
         float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float m1 = kHasB ? fmaxf(m0[i], mx[i]) : m0[i];  // (mx is stale without a tile)
+          const float m1 = fmaxf(m0[i], mx[i]);
           base1[i] = max_base(m1, sl2);
           scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
           m_run[i] = m1;
         }
-        if constexpr (kHasB) softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP);
-        smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
-        bool zero = false;
-        if constexpr (kHasB) {
-          const int valid = tile_valid(k, 1);
-          zero = valid < kBlockN;
-          if (zero) zero_v_rows<Traits>(smem.k[1], valid, t);
-          store_p<Element, false>(p_buffer(1), S, t, scale1);
-          fence_async_smem();  // P and the zeroed rows before the wgmmas that read them
+        if (has1) {
+          softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP_own);
+          store_p(p_buffer(1), tOrP_own, t);
         }
-        bar_arrive(kBarP1Ready, 256);
-        trace.mark(pair, 2);
-        // ---- the PV on P(2k) done: stage 0's V right + P go back; O_R *= e^(m(2k) -
-        // m(2k+1)); O_R += P(2k+1) V(2k+1)_R, then stage 1's V right goes back ----
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        release_part(&smem.empty[0][kPartR], lane);
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale1[i] + sum1[i];
-        rescale_rows(O, scale1);
-        if constexpr (kHasB) {
-          if (zero) bar_sync(kBarWg1, 128);
-          gemm_pv(mma_pv, tOrP, at_offset(tOrV, kStageBytes), tOrO);
-          wait_pv(tOrO, tOrP);
-        } else {
-          wait_part<Traits>(smem.full[1], 1, kPartR, phase);  // the empty tile "landed"
+        smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
+        const int valid = tile_valid(k, 1);
+        const bool zero = has1 && valid < kBlockN;
+        if (zero) {
+          zero_v_rows<Traits>(smem.k[1], valid, t);
+          fence_async_smem();
         }
-        release_part(&smem.empty[1][kPartR], lane);
+        bar_arrive(kBarP1Ready, 256);
         trace.mark(pair, 3);
-        // ---- S(2k + 3) ----
-        if (next_b) score(cute::Int<1>{}, k + 1, phase ^ 1, mx);
-      };
-      if (n_tiles > 1) score(cute::Int<1>{}, 0, pair & 1, mx);
-      for (int k = 0; k + 1 < n_pairs; ++k, ++pair) body(cute::true_type{}, k, 2 * k + 3 < n_tiles);
-      if (n_pairs > 0) {
-        if (has_last_b) {
-          body(cute::true_type{}, n_pairs - 1, false);
-        } else {
-          body(cute::false_type{}, n_pairs - 1, false);
+        if (zero) {
+          bar_sync(kBarWg1, 128);
+        } else if constexpr (Traits::kPInKTile) {
+          fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
         }
-        ++pair;
+        // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
+        rescale_rows(O, scale1);
+        if (has1) {
+          gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP_own);
+        }
+        trace.mark(pair, 4);
+        release_part(&smem.empty[1][Traits::kPartR], lane);
       }
     }
 

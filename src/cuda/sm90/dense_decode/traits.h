@@ -29,34 +29,36 @@ struct DenseDecodeTraits {
                                       // 4 KB of smem operands per 32-clock step, the 128 B/clk
                                       // smem rate exactly (n32 needed 1.5x that: v2-v4)
   // A tile is stored as pieces of 64 keys x 64 dims (8 KB, 128 B rows, one TMA box each), each
-  // with its own transaction barrier, so QK^T starts on the first piece that lands. A stage is
-  // handed back in two parts (a release barrier each), each by the warpgroup whose PV reads it
-  // last: V left (pieces 0-3, dims 0-255, WG0's PVs) and V right (pieces 4-7, WG1's). At d 576
-  // the RoPE piece (8), dead after the tile's QK^T, holds the P that crosses to the other
-  // warpgroup (exactly P's 64 x 64 x 2 B), so it goes back with the part that other warpgroup
-  // hands back: with V right in stage 0 (WG1 reads P(2k) there), with V left in stage 1.
+  // with its own transaction barrier, so QK^T starts on the first piece that lands. They are
+  // handed back in three parts (a release barrier each): V left (pieces 0-3, dims 0-255, WG0's
+  // PV), V right (pieces 4-7, WG1's PV) and RoPE (piece 8, d 576 only: free after QK^T).
   static constexpr int kPieceDims = 64;
   static constexpr int kNumPieces = kHeadDimQK / kPieceDims;  // 9 (d 576) or 8 (d 512)
   static constexpr int kNumVPieces = kHeadDimV / kPieceDims;  // 8
-  static constexpr bool kPInKTile = kNumPieces > kNumVPieces;  // P in the RoPE piece (d 576)
-  static constexpr int kPartL = 0, kPartR = 1, kNumParts = 2;
-  static constexpr int rope_part(int stage) { return stage == 0 ? kPartR : kPartL; }
-  static constexpr int part_num_pieces(int stage, int part) {
-    return 4 + (kPInKTile && part == rope_part(stage) ? 1 : 0);
-  }
-  // Piece i of a stage's part: V pieces first, the RoPE piece last.
-  static constexpr int part_piece(int stage, int part, int i) {
-    return i < 4 ? (part == kPartL ? i : 4 + i) : 8;
-  }
+  static constexpr int kPartL = 0, kPartR = 1, kPartRope = 2;
+  static constexpr int kNumParts = kNumPieces > kNumVPieces ? 3 : 2;
   // The order in which a stage's parts are refilled and then read by QK^T: the order they are
-  // handed back. Stage 0: V left (WG0's own PV, first in the pair), then V right + P (WG1's PV
-  // on it). Stage 1: V left + P (WG0's PV on it, issued before WG1's own), then V right.
-  static constexpr int part_order(int /*stage*/, int i) { return i == 0 ? kPartL : kPartR; }
+  // handed back (NOTES.md v9). Stage 0: RoPE (WG1 has read P0 from it), V left (WG0's PV on
+  // the tile, issued right after its softmax), V right (WG1's PV, run under its next QK^T).
+  // Stage 1: RoPE (WG0 has read P1), V right (WG1's PV right after its softmax), V left (WG0's
+  // PV, run under its next QK^T).
+  static constexpr int part_order(int stage, int i) {
+    return kNumParts == 3 ? (stage == 0 ? (i == 0 ? kPartRope : i == 1 ? kPartL : kPartR)
+                                        : (i == 0 ? kPartRope : i == 1 ? kPartR : kPartL))
+                          : (stage == 0 ? (i == 0 ? kPartL : kPartR) : (i == 0 ? kPartR : kPartL));
+  }
+  static constexpr int part_first_piece(int part) { return part * 4; }  // L 0-3, R 4-7, RoPE 8
+  static constexpr int part_pieces(int part) { return part == kPartRope ? kNumPieces - 8 : 4; }
   static constexpr int kPieceElems = kBlockN * kPieceDims;  // 4096
   static constexpr int kPieceBytes = kPieceElems * 2;       // 8 KB
   static constexpr int kTileElems = kBlockN * kHeadDimQK;
   static constexpr int kQPieceElems = kBlockM * kPieceDims;  // Q pieces: 64 rows x 64 dims
-  static constexpr int kPBytes = kBlockM * kBlockN * 2;      // P: 64 rows x 64 keys, Element
+  // P (64 rows x 64 keys, 8 KB as Element) crosses between the warpgroups thread-major (thread t
+  // of WG1 holds the same accumulator rows/columns as thread t of WG0). Q (72 KB) + 2 tiles
+  // (144 KB) leave no room for P buffers at d 576 (227 KB), but a tile's RoPE piece is dead once
+  // its QK^T is done and is exactly P's size: P lives there. At d 512 P gets buffers of its own.
+  static constexpr bool kPInKTile = kNumPieces > kNumVPieces;
+  static constexpr int kPBytes = kBlockM * kBlockN * 2;
   static_assert(kPBytes == kPieceBytes);
   static constexpr int kStages = 2;  // the two tiles of a pair (WG0 scores stage 0, WG1 stage 1)
 
@@ -82,8 +84,7 @@ struct DenseDecodeTraits {
   using SmemLayoutV = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_MN_SW128_Atom<Element>{},
       cute::Shape<cute::Int<kVHalfDims>, cute::Int<kBlockN>>{}, cute::Step<cute::_2, cute::_1>{}));
-  // P (rows, keys) for the other warpgroup: K-major, one 8 KB piece. Also the shape of the
-  // register fragment of a warpgroup's own P as the A operand of P V.
+  // Only its shape matters: the register fragment of P as the A operand of P V.
   using SmemLayoutP = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_K_SW128_Atom<Element>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
@@ -99,22 +100,14 @@ struct DenseDecodeTraits {
       cute::GMMA::rs_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<kBlockM>, cute::Int<kVHalfDims>, cute::_64>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
-  // O_half += P V_half with the other warpgroup's P from shared memory (no copy into registers
-  // on the path between the warpgroups).
-  using TiledMmaPVShared = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kVHalfDims>, cute::_64>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
   struct SharedStorage {
     // 128 B swizzling repeats every 1024 B: every operand starts on a 1024 B boundary.
     alignas(1024) Element q[kBlockM * kHeadDimQK];
     alignas(1024) Element k[kStages][kTileElems];  // [stage][piece][64 keys][64 dims]
-    // P of each stage's tile for the other warpgroup (K-major, 128 B swizzle: the A operand of
-    // its shared-memory PV) where the tile has no RoPE piece to hold it (d 512).
-    alignas(kPInKTile ? 16 : 1024) Element p[kPInKTile ? 1 : kStages][kPInKTile ? 8 : kBlockM * kBlockN];
-    // Thread-major row statistics: WG0's running max after tile 2k (2 rows a thread); WG1's
-    // after tile 2k + 1 and the factor e^(m(2k) - m(2k+1)) WG0 rescales by (m[2], scale[2]).
+    alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile ? 8 : kBlockM * kBlockN];
+    // Thread-major row statistics: WG0's running max after tile 0 (2 rows a thread), WG1's
+    // running max after tile 1 and the factor WG0 rescales by (m1[2], scale1[2]).
     float2 max0[128];
     float4 stats1[128];
     float row_sum[2][kBlockM];  // per compute warpgroup, exchanged in the epilogue
