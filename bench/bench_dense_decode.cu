@@ -389,6 +389,7 @@ bool apply_knobs() {
     else if (name == "l2_promotion") tuning.l2_promotion = value;
     else if (name == "evict_normal_from") tuning.evict_normal_from = value;
     else if (name == "skip_combine") tuning.skip_combine = value;
+    else if (name == "q_tma") tuning.q_tma = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;

@@ -530,6 +530,26 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, wg, t == 0);
   int pair = 0;  // pairs consumed so far by this CTA: the phase of both stages' barriers
+  // Q by TMA (p.q_tma): thread 0 of WG0 loads request r's 64 rows as one box a 64-dim piece
+  // (rows past the request's are the map's zero fill): the first request's right away, each next
+  // one's as soon as both warpgroups are past their last QK^T (kBarEpilogue), so it lands under
+  // the epilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and, behind the
+  // previous request's output stores, more at each request boundary: NOTES.md session 7.)
+  const bool q_issuer = p.q_tma && wg == 0 && t == 0;
+  auto issue_q = [&](int r) {
+    using Barrier = cutlass::arch::ClusterTransactionBarrier;
+    Barrier::arrive_and_expect_tx(&smem.q_full, Traits::kBlockM * Traits::kHeadDimQK * 2);
+    const int row0 = m_block * Traits::kBlockM;
+    const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
+#pragma unroll 1
+    for (int c = 0; c < Traits::kNumPieces; ++c) {
+      cute::SM90_TMA_LOAD_5D::copy(&p.tma_q, &smem.q_full, p.cache_hint,
+                                   smem.q + c * Traits::kQPieceElems, c * Traits::kPieceDims, head0,
+                                   kv_head, s0, r);
+    }
+  };
+  if (q_issuer && field(0) <= field(2)) issue_q(field(0));
+  uint32_t q_phase = 0;
   for (int r = field(0); r <= field(2); ++r) {
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int n_tiles = piece.num_tiles();
@@ -537,8 +557,13 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     const int n_splits = p.num_splits[(r + 1) * p.num_splits_stride] - first_split;
 
     // Every QK^T of the previous request is done (its epilogue passed kBarEpilogue).
-    if (n_tiles > 0) load_q<Traits>(p, smem.q, r, kv_head, m_block, thread);
-    fence_async_smem();
+    if (p.q_tma) {
+      cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
+      q_phase ^= 1;
+    } else {
+      if (n_tiles > 0) load_q<Traits>(p, smem.q, r, kv_head, m_block, thread);
+      fence_async_smem();
+    }
     bar_sync(kBarRequest, 256);
 
     int limit[2];  // keys >= limit are masked (piece end, causal)
@@ -743,6 +768,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       if (row_leader) smem.row_sum[wg][row_of[i]] = l_run[i];
     }
     bar_sync(kBarEpilogue, 256);
+    if (q_issuer && r < field(2)) issue_q(r + 1);
     const bool single = n_splits == 1;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -812,6 +838,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cutlass::arch::ClusterBarrier::init(&smem.empty[s][part], 4);  // lane 0 of 4 warps
       }
     }
+    cutlass::arch::ClusterBarrier::init(&smem.q_full, 1);
     cutlass::arch::fence_barrier_init();
     const int32_t* meta = params.metadata + blockIdx.z * params.metadata_stride_part;
 #pragma unroll

@@ -133,6 +133,35 @@ Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape
   return Status::Ok();
 }
 
+// q as (dim, head in group, kv head, token, request) for TMA (params.h tma_q): only when one box
+// is a whole Q piece (the group divides 64 or 64 divides it). Returns false to keep the
+// compute threads' loads.
+bool encode_q_map(const TensorView& q, const core::DenseDecodeShape& shape, int64_t group,
+                  CUtensorMap* map) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || q.data == nullptr || !(group % 64 == 0 || 64 % group == 0)) return false;
+  const uint64_t elem = 2;
+  cuuint64_t dims[5] = {static_cast<cuuint64_t>(shape.d_qk), static_cast<cuuint64_t>(group),
+                        static_cast<cuuint64_t>(shape.h_kv), static_cast<cuuint64_t>(shape.s_q),
+                        static_cast<cuuint64_t>(shape.batch)};
+  // Element strides of the four outer dims; a dim of size 1 is never stepped: the dense stride.
+  const int64_t given[4] = {q.strides[2], q.strides[2] * group, q.strides[1], q.strides[0]};
+  cuuint64_t strides[4];
+  uint64_t dense = dims[0] * elem;
+  for (int d = 0; d < 4; ++d) {
+    strides[d] = dims[d + 1] > 1 ? static_cast<cuuint64_t>(given[d]) * elem : dense;
+    dense = strides[d] * dims[d + 1];
+  }
+  const cuuint32_t heads = static_cast<cuuint32_t>(group < 64 ? group : 64);
+  cuuint32_t box[5] = {64, heads, 1, 64 / heads, 1};
+  cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUtensorMapDataType dtype = q.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, dtype, 5, q.data, dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 cudaError_t launch_kernel(DType dtype, int64_t d_qk, const DenseDecodeParams& params,
                           int m_blocks, int h_kv, int parts, cudaStream_t stream) {
   if (dtype == DType::kBF16) {
@@ -260,6 +289,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   const DenseDecodeTuning& tuning = dense_decode_tuning();
   const int promotion = tuning.l2_promotion >= 0 ? tuning.l2_promotion : (m_blocks == 1 ? 128 : 256);
   OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, promotion, &params.tma_k));
+  params.q_tma = tuning.q_tma != 0 && encode_q_map(args.q, shape, shape.h_q / shape.h_kv, &params.tma_q);
   params.q = args.q.data;
   params.q_stride_b = args.q.strides[0];
   params.q_stride_s = args.q.strides[1];

@@ -40,6 +40,9 @@ struct DenseDecodeTuning {
   // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
   // h_q 128), as the sweep measured (NOTES.md v10).
   int l2_promotion = -1;
+  // Q by TMA (one thread, issued for the next request during the current one's epilogue) where
+  // the head group divides 64 or 64 divides it (1), or always by the compute threads' loads (0).
+  int q_tma = 1;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

@@ -12,6 +12,12 @@ struct DenseDecodeParams {
   // The paged cache as a 4-D TMA tensor map (dims, token-in-page, kv head, block), box 64 dims x
   // min(page_size, 32) tokens, 128 B swizzle (first member: CUtensorMap is over-aligned).
   CUtensorMap tma_k;
+  // q as a 5-D TMA tensor map (dim, head in group, kv head, token, request), box 64 dims x
+  // min(group, 64) heads x 1 x 64 / min(group, 64) tokens: one box is one 64-row x 64-dim piece
+  // of a CTA's Q (row = token * group + head in group). Only when the group divides 64 or 64
+  // divides the group (q_tma = 1); otherwise the compute threads load Q (q_tma = 0).
+  CUtensorMap tma_q;
+  int q_tma;
 
   const void* q;  // [b, s_q, h_q, d_qk]
   int64_t q_stride_b, q_stride_s, q_stride_h;
