@@ -93,6 +93,22 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+// Byte strides of a 16-bit tensor's dims 1..N-1 from the caller's element strides. A dim of size
+// 1 is never stepped: it gets the dense stride, whatever the caller's (which TMA may refuse).
+template <int N>
+void tensor_map_strides(const cuuint64_t (&dims)[N], const int64_t (&given)[N - 1],
+                        cuuint64_t (&strides)[N - 1]) {
+  uint64_t dense = dims[0] * 2;
+  for (int d = 0; d < N - 1; ++d) {
+    strides[d] = dims[d + 1] > 1 ? static_cast<cuuint64_t>(given[d]) * 2 : dense;
+    dense = strides[d] * dims[d + 1];
+  }
+}
+
+CUtensorMapDataType tensor_map_dtype(DType dtype) {
+  return dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
 // The cache as (dim, token-in-page, kv head, block).
 Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape, void* fallback,
                         int promotion_bytes, CUtensorMap* map) {
@@ -100,30 +116,21 @@ Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape
   if (encode == nullptr) {
     return Status::CudaError("dense_decode: cuTensorMapEncodeTiled is not available from the driver");
   }
-  const uint64_t elem = 2;
   cuuint64_t dims[4] = {static_cast<cuuint64_t>(shape.d_qk), static_cast<cuuint64_t>(shape.page_size),
                         static_cast<cuuint64_t>(shape.h_kv),
                         static_cast<cuuint64_t>(shape.num_blocks > 0 ? shape.num_blocks : 1)};
-  // A dim of size 1 is never stepped: give it the dense stride, whatever the caller's.
   cuuint64_t strides[3];
-  uint64_t dense = dims[0] * elem;
-  for (int d = 0; d < 3; ++d) {
-    const int64_t s = k.strides[d == 0 ? 1 : (d == 1 ? 2 : 0)];
-    strides[d] = dims[d + 1] > 1 ? static_cast<cuuint64_t>(s) * elem : dense;
-    dense = strides[d] * dims[d + 1];
-  }
+  tensor_map_strides(dims, {k.strides[1], k.strides[2], k.strides[0]}, strides);
   void* base = shape.num_blocks > 0 && k.data != nullptr ? k.data : fallback;
   // Boxes of 64 dims x 64 keys (one tile piece), or x page_size keys for smaller pages.
   cuuint32_t box[4] = {64, static_cast<cuuint32_t>(shape.page_size < 64 ? shape.page_size : 64), 1, 1};
   cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType dtype = k.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUtensorMapL2promotion promotion =
       promotion_bytes >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
       : promotion_bytes >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
       : promotion_bytes >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
                                : CU_TENSOR_MAP_L2_PROMOTION_NONE;
-  const CUresult res = encode(map, dtype, 4, base, dims, strides, box, element_strides,
+  const CUresult res = encode(map, tensor_map_dtype(k.dtype), 4, base, dims, strides, box, element_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
@@ -140,24 +147,16 @@ bool encode_q_map(const TensorView& q, const core::DenseDecodeShape& shape, int6
                   CUtensorMap* map) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr || q.data == nullptr || !(group % 64 == 0 || 64 % group == 0)) return false;
-  const uint64_t elem = 2;
   cuuint64_t dims[5] = {static_cast<cuuint64_t>(shape.d_qk), static_cast<cuuint64_t>(group),
                         static_cast<cuuint64_t>(shape.h_kv), static_cast<cuuint64_t>(shape.s_q),
                         static_cast<cuuint64_t>(shape.batch)};
-  // Element strides of the four outer dims; a dim of size 1 is never stepped: the dense stride.
-  const int64_t given[4] = {q.strides[2], q.strides[2] * group, q.strides[1], q.strides[0]};
   cuuint64_t strides[4];
-  uint64_t dense = dims[0] * elem;
-  for (int d = 0; d < 4; ++d) {
-    strides[d] = dims[d + 1] > 1 ? static_cast<cuuint64_t>(given[d]) * elem : dense;
-    dense = strides[d] * dims[d + 1];
-  }
+  tensor_map_strides(dims, {q.strides[2], q.strides[2] * group, q.strides[1], q.strides[0]},
+                     strides);
   const cuuint32_t heads = static_cast<cuuint32_t>(group < 64 ? group : 64);
   cuuint32_t box[5] = {64, heads, 1, 64 / heads, 1};
   cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  const CUtensorMapDataType dtype = q.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return encode(map, dtype, 5, q.data, dims, strides, box, element_strides,
+  return encode(map, tensor_map_dtype(q.dtype), 5, q.data, dims, strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
