@@ -366,6 +366,36 @@ void print_spans(const long long* trace_d, int pairs) {
   std::printf("\n");
 }
 
+// CTA 0's request boundaries (kernel.cuh Tracer::mark_request), clocks after its kernel entry.
+void print_requests(const long long* trace_d, int pairs) {
+  using cuda::sm90::kTraceRequests;
+  using cuda::sm90::kTraceRequestEvents;
+  std::vector<long long> rq(static_cast<size_t>(3) * kTraceRequests * kTraceRequestEvents);
+  check(cudaMemcpy(rq.data(),
+                   trace_d + static_cast<size_t>(3) * pairs * 16 + 6 * cuda::sm90::kTraceMaxCtas,
+                   rq.size() * sizeof(long long), cudaMemcpyDeviceToHost),
+        "d2h requests");
+  auto at = [&](int role, int req, int ev) {
+    return rq[(static_cast<size_t>(role) * kTraceRequests + req) * kTraceRequestEvents + ev];
+  };
+  const long long entry = at(2, 0, 6);
+  if (entry == 0) return;
+  std::printf("\nrequests of CTA 0, clocks after its kernel entry (setup done at %lld)\n"
+              "WG0/WG1: 0 top, 1 Q landed, 2 kBarRequest, 3 first S done, 4 pairs drained, "
+              "5 kBarEpilogue, 6 output stored; producers: 0/1 stage 0 request top / first part "
+              "issued, 2/3 stage 1\n", at(2, 0, 7) - entry);
+  for (int r = 0; r < kTraceRequests; ++r) {
+    if (at(0, r, 0) == 0) break;
+    std::printf("request %d | WG0", r);
+    for (int e = 0; e <= 6; ++e) std::printf(" %7lld", at(0, r, e) ? at(0, r, e) - entry : -1);
+    std::printf(" | WG1");
+    for (int e = 0; e <= 6; ++e) std::printf(" %7lld", at(1, r, e) ? at(1, r, e) - entry : -1);
+    std::printf(" | prod");
+    for (int e = 0; e <= 3; ++e) std::printf(" %7lld", at(2, r, e) ? at(2, r, e) - entry : -1);
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 // OPENMLA_BENCH_KNOBS="name=value,...": kernel knobs (launch.h DenseDecodeTuning) for the whole
@@ -433,7 +463,8 @@ int main() {
     if (const char* tr = std::getenv("OPENMLA_BENCH_TRACE")) {
       trace_pairs = std::atoi(tr);
       const size_t bytes =
-          sizeof(long long) * (3 * trace_pairs * 16 + 6 * cuda::sm90::kTraceMaxCtas);
+          sizeof(long long) * (3 * trace_pairs * 16 + 6 * cuda::sm90::kTraceMaxCtas +
+                               3 * cuda::sm90::kTraceRequests * cuda::sm90::kTraceRequestEvents);
       check(cudaMalloc(&trace_d, bytes), "malloc trace");
       check(cudaMemset(trace_d, 0, bytes), "memset trace");
       cuda::sm90::dense_decode_tuning().trace = trace_d;
@@ -444,6 +475,7 @@ int main() {
     if (trace_d != nullptr) {
       print_trace(trace_d, trace_pairs);
       print_spans(trace_d, trace_pairs);
+      print_requests(trace_d, trace_pairs);
     }
     return 0;
   }

@@ -264,6 +264,26 @@ TEST(DenseDecode, PipelineBoundaries) {
   run_case({.d_qk = 512, .h_q = 128, .seqlens = {129, 255, 256, 2}, .num_sm_parts = 1, .seed = seed++});
 }
 
+// Q loaded three ways (DenseDecodeTuning::q_tma): by the stage-1 producer warps once the previous
+// request's last QK^T is done (2, the default), by one compute thread after the epilogue barrier
+// (1), by the compute threads' loads (0). Several requests a CTA, empty ones and odd tile counts
+// (a last pair without its odd tile) cross every request boundary of each path.
+TEST(DenseDecode, QLoadPaths) {
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.q_tma;
+  uint64_t seed = 300;
+  for (int mode : {2, 1, 0}) {
+    tuning.q_tma = mode;
+    SCOPED_TRACE("q_tma " + std::to_string(mode));
+    run_case({.h_q = 16, .seqlens = {37, 200, 0, 129, 64, 1, 128}, .num_sm_parts = 2,
+              .seed = seed++});
+    run_case({.h_q = 128, .seqlens = {65, 0, 1, 192, 64, 640}, .num_sm_parts = 1, .seed = seed++});
+    run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 16,
+              .seqlens = {300, 0, 129, 2}, .causal = true, .num_sm_parts = 2, .seed = seed++});
+  }
+  tuning.q_tma = saved;
+}
+
 // --- dtype x head dim ---------------------------------------------------------------------------
 TEST(DenseDecode, DtypesAndHeadDims) {
   int seed = 10;

@@ -135,15 +135,26 @@ struct Tracer {
     if (p.trace != nullptr && leader && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
       row = p.trace + static_cast<int64_t>(role) * p.trace_pairs * kTraceEvents;
       trace_pairs_ = p.trace_pairs;
+      role_ = role;
     }
   }
   __device__ __forceinline__ void mark(int pair, int event) const {
     if (row != nullptr && pair < trace_pairs_) row[pair * kTraceEvents + event] = clock64();
   }
+  // Request boundaries: this role's [request][event] row after the CTA spans (params.h).
+  __device__ __forceinline__ void mark_request(int request, int event) const {
+    if (row != nullptr && request < kTraceRequests) {
+      long long* req = row - static_cast<int64_t>(role_) * trace_pairs_ * kTraceEvents +
+                       3ll * trace_pairs_ * kTraceEvents + 6ll * kTraceMaxCtas;
+      req[(role_ * kTraceRequests + request) * kTraceRequestEvents + event] = clock64();
+    }
+  }
   int trace_pairs_ = 0;
+  int role_ = 0;
 #else
   __device__ __forceinline__ Tracer(const DenseDecodeParams&, int, bool) {}
   __device__ __forceinline__ void mark(int, int) const {}
+  __device__ __forceinline__ void mark_request(int, int) const {}
 #endif
 };
 
@@ -168,6 +179,26 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
   if (piece.tok_end < piece.tok_begin) piece.tok_end = piece.tok_begin;
   piece.tile_begin = piece.tok_begin & ~63;
   return piece;
+}
+
+// Q of request r for CTA rows [64 m_block, 64 m_block + 64) of kv head `kv_head` by TMA: pieces
+// first, first + step, ... of the 64-dim pieces, one box each (rows past the request's are the
+// map's zero fill), completing q_full with their bytes.
+template <class Traits>
+__device__ __forceinline__ void issue_q(const DenseDecodeParams& p,
+                                        typename Traits::SharedStorage& smem, int r, int kv_head,
+                                        int m_block, int first, int step) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  const int pieces = (Traits::kNumPieces - first + step - 1) / step;
+  Barrier::arrive_and_expect_tx(&smem.q_full, pieces * Traits::kBlockM * Traits::kPieceDims * 2);
+  const int row0 = m_block * Traits::kBlockM;
+  const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
+#pragma unroll 1
+  for (int c = first; c < Traits::kNumPieces; c += step) {
+    cute::SM90_TMA_LOAD_5D::copy(&p.tma_q, &smem.q_full, p.cache_hint,
+                                 smem.q + c * Traits::kQPieceElems, c * Traits::kPieceDims, head0,
+                                 kv_head, s0, r);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -232,11 +263,20 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
 template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
-                                        int stage, int sub) {
+                                        int m_block, int stage, int sub) {
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, 2, sub == 0);
   int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
   for (int r = field(0); r <= field(2); ++r) {
+    trace.mark_request(r - field(0), 2 * stage);
+    // q_tma 2: stage 1's producers load the request's Q (half the pieces each) once both
+    // warpgroups are past the previous request's last QK^T. Stage 1's first part of this request
+    // goes back only after that anyway (WG1's last QK^T precedes its hand-backs).
+    if (p.q_tma == 2 && stage == 1) {
+      const int j = r - field(0);
+      if (j > 0) cutlass::arch::ClusterBarrier::wait(&smem.q_empty, (j - 1) & 1);
+      issue_q<Traits>(p, smem, r, kv_head, m_block, sub, kIssuersPerStage);
+    }
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int32_t* table = p.block_table + r * p.block_table_stride_b;
     const int n_tiles = piece.num_tiles();
@@ -249,7 +289,8 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
       int block = 0, row = 0;
       if constexpr (!kSmallPages) {
         const int page = t0 / p.page_size;
-        if (valid > 0) block = table[page * p.block_table_stride_n];
+        // Any tile below the capacity has a table entry: the read need not wait for the seqlen.
+        if (t0 < p.capacity) block = table[page * p.block_table_stride_n];
         row = t0 - page * p.page_size;
       }
       if (stage == 0) trace.mark(pair, 0);
@@ -259,6 +300,7 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                        Traits::part_order(stage, i), t0, valid, pair & 1, sub,
                                        hint);
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
+        if (i == 0 && it == stage) trace.mark_request(r - field(0), 2 * stage + 1);
       }
     }
   }
@@ -530,27 +572,21 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, wg, t == 0);
   int pair = 0;  // pairs consumed so far by this CTA: the phase of both stages' barriers
-  // Q by TMA (p.q_tma): thread 0 of WG0 loads request r's 64 rows as one box a 64-dim piece
-  // (rows past the request's are the map's zero fill): the first request's right away, each next
-  // one's as soon as both warpgroups are past their last QK^T (kBarEpilogue), so it lands under
-  // the epilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and, behind the
-  // previous request's output stores, more at each request boundary: NOTES.md session 7.)
-  const bool q_issuer = p.q_tma && wg == 0 && t == 0;
-  auto issue_q = [&](int r) {
-    using Barrier = cutlass::arch::ClusterTransactionBarrier;
-    Barrier::arrive_and_expect_tx(&smem.q_full, Traits::kBlockM * Traits::kHeadDimQK * 2);
-    const int row0 = m_block * Traits::kBlockM;
-    const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
-#pragma unroll 1
-    for (int c = 0; c < Traits::kNumPieces; ++c) {
-      cute::SM90_TMA_LOAD_5D::copy(&p.tma_q, &smem.q_full, p.cache_hint,
-                                   smem.q + c * Traits::kQPieceElems, c * Traits::kPieceDims, head0,
-                                   kv_head, s0, r);
-    }
+  // Q by TMA (p.q_tma; rows past the request's are the map's zero fill). q_tma 2: stage 1's
+  // producer warps load it, the first request's at once and each next one's as soon as every
+  // compute warp has passed its last QK^T of the request before (q_done below), so it lands under
+  // that request's last softmax, PVs and epilogue. q_tma 1 (v18): thread 0 of WG0 issues the next
+  // request's after kBarEpilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and
+  // more at each request boundary: NOTES.md session 7.)
+  const bool q_issuer = p.q_tma == 1 && wg == 0 && t == 0;
+  if (q_issuer && field(0) <= field(2)) issue_q<Traits>(p, smem, field(0), kv_head, m_block, 0, 1);
+  // q_tma 2: each warp tells stage 1's producers when its last QK^T of the request is done.
+  auto q_done = [&] {
+    if (p.q_tma == 2) release_part(&smem.q_empty, lane);
   };
-  if (q_issuer && field(0) <= field(2)) issue_q(field(0));
   uint32_t q_phase = 0;
   for (int r = field(0); r <= field(2); ++r) {
+    trace.mark_request(r - field(0), 0);
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int n_tiles = piece.num_tiles();
     const int first_split = p.num_splits[r * p.num_splits_stride];
@@ -564,7 +600,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       if (n_tiles > 0) load_q<Traits>(p, smem.q, r, kv_head, m_block, thread);
       fence_async_smem();
     }
+    trace.mark_request(r - field(0), 1);
     bar_sync(kBarRequest, 256);
+    trace.mark_request(r - field(0), 2);
+    if (n_tiles == 0) q_done();  // no QK^T in this request
 
     int limit[2];  // keys >= limit are masked (piece end, causal)
 #pragma unroll
@@ -633,6 +672,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
         });
         trace.mark(pair, 2);
+        if (k == 0) trace.mark_request(r - field(0), 3);
+        if (k == n_pairs - 1) q_done();
         // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
 #pragma unroll
@@ -710,6 +751,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
             release_part(&smem.empty[0][Traits::kPartR], lane);
           });
         } else {
+          q_done();  // the last pair has no odd tile: WG1's last QK^T was a pair ago
           wait_pv(tOrO, tOrP_other);
           release_part(&smem.empty[0][Traits::kPartR], lane);
           // The tile past the end is a 0-byte phase of stage 1: no part of it may go back before
@@ -721,6 +763,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           }
         }
         trace.mark(pair, 2);
+        if (k == 0) trace.mark_request(r - field(0), 3);
+        if (has1 && k == n_pairs - 1) q_done();
         // ---- softmax of tile 2k + 1 against m0: P, m1 and e^(m0 - m1) for WG0 ----
         float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
@@ -762,13 +806,15 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     }
 
     // ---- epilogue: row sums of both warpgroups, normalise, write ----
+    trace.mark_request(r - field(0), 4);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l_run[i] = quad_sum(l_run[i]);
       if (row_leader) smem.row_sum[wg][row_of[i]] = l_run[i];
     }
     bar_sync(kBarEpilogue, 256);
-    if (q_issuer && r < field(2)) issue_q(r + 1);
+    trace.mark_request(r - field(0), 5);
+    if (q_issuer && r < field(2)) issue_q<Traits>(p, smem, r + 1, kv_head, m_block, 0, 1);
     const bool single = n_splits == 1;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -803,6 +849,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         if (wg == 0 && row_leader) p.lse_accum[prow] = lse;
       }
     }
+    trace.mark_request(r - field(0), 6);
   }
   return pair;
 }
@@ -838,13 +885,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cutlass::arch::ClusterBarrier::init(&smem.empty[s][part], 4);  // lane 0 of 4 warps
       }
     }
-    cutlass::arch::ClusterBarrier::init(&smem.q_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.q_full, params.q_tma == 2 ? kIssuersPerStage : 1);
+    cutlass::arch::ClusterBarrier::init(&smem.q_empty, 8);  // lane 0 of each compute warp
     cutlass::arch::fence_barrier_init();
     const int32_t* meta = params.metadata + blockIdx.z * params.metadata_stride_part;
 #pragma unroll
     for (int f = 0; f < 5; ++f) smem.range[f] = meta[f * params.metadata_stride_field];
   }
   __syncthreads();
+#if defined(OPENMLA_DENSE_DECODE_TRACE)
+  const long long trace_synced = clock64();
+#endif
   // The combine grid may launch now; it waits for this grid to finish before reading partials.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
@@ -853,12 +904,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int producer = thread / 32 - 8;  // warps 8, 9: stage 0; warps 10, 11: stage 1
     if (thread % 32 == 0) {
       cute::prefetch_tma_descriptor(&params.tma_k);
+      if (params.q_tma == 2 && producer >= kIssuersPerStage) {
+        cute::prefetch_tma_descriptor(&params.tma_q);
+      }
       // Two walks, so each holds only its own page arithmetic in the producers' 40 registers.
       if (params.page_size >= Traits::kBlockN) {
-        produce<Traits, false>(params, smem, blockIdx.y, producer / kIssuersPerStage,
+        produce<Traits, false>(params, smem, blockIdx.y, blockIdx.x, producer / kIssuersPerStage,
                                producer % kIssuersPerStage);
       } else {
-        produce<Traits, true>(params, smem, blockIdx.y, producer / kIssuersPerStage,
+        produce<Traits, true>(params, smem, blockIdx.y, blockIdx.x, producer / kIssuersPerStage,
                               producer % kIssuersPerStage);
       }
     }
@@ -879,6 +933,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       span[3] = clock64();
       span[4] = sm;
       span[5] = pairs;
+      if (cta == 0) {  // CTA 0's entry and the end of its setup, as the producers' request 0 row
+        long long* req = params.trace + 3ll * params.trace_pairs * kTraceEvents +
+                         6ll * kTraceMaxCtas + (2 * kTraceRequests) * kTraceRequestEvents;
+        req[6] = trace_clock;
+        req[7] = trace_synced;
+      }
     }
 #else
     (void)pairs;

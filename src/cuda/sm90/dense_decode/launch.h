@@ -12,6 +12,8 @@
 namespace openmla::cuda::sm90 {
 
 constexpr int kTraceMaxCtas = 4096;  // CTAs whose spans a trace records (DenseDecodeParams::trace)
+constexpr int kTraceRequests = 8;    // requests of CTA 0 whose boundaries a trace records
+constexpr int kTraceRequestEvents = 8;
 
 // Validated arguments in, kernels out: plans the split-KV schedule into the workspace when
 // args.schedule is empty, then launches the decode kernel and (PDL) the combine. Returns
@@ -40,14 +42,16 @@ struct DenseDecodeTuning {
   // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
   // h_q 128), as the sweep measured (NOTES.md v10).
   int l2_promotion = -1;
-  // Q by TMA (one thread, issued for the next request during the current one's epilogue) where
-  // the head group divides 64 or 64 divides it (1), or always by the compute threads' loads (0).
-  int q_tma = 1;
+  // Q by TMA where the head group divides 64 or 64 divides it: 2 = issued by the stage-1
+  // producer warps once both warpgroups are past the previous request's last QK^T, 1 = by one
+  // compute thread after the previous request's epilogue barrier (v18); 0 = always by the compute
+  // threads' loads.
+  int q_tma = 2;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;
-  // device buffer: 3 x trace_pairs x 16 clock64 stamps of CTA 0, then kTraceMaxCtas x 6 CTA spans
-  // (params.h DenseDecodeParams::trace)
+  // device buffer: 3 x trace_pairs x 16 clock64 stamps of CTA 0, then kTraceMaxCtas x 6 CTA spans,
+  // then 3 x kTraceRequests x kTraceRequestEvents request stamps of CTA 0 (params.h)
   long long* trace = nullptr;
   int trace_pairs = 0;
 };

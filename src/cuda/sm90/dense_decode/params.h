@@ -15,7 +15,9 @@ struct DenseDecodeParams {
   // q as a 5-D TMA tensor map (dim, head in group, kv head, token, request), box 64 dims x
   // min(group, 64) heads x 1 x 64 / min(group, 64) tokens: one box is one 64-row x 64-dim piece
   // of a CTA's Q (row = token * group + head in group). Only when the group divides 64 or 64
-  // divides the group (q_tma = 1); otherwise the compute threads load Q (q_tma = 0).
+  // divides the group; otherwise the compute threads load Q (q_tma = 0). Who issues it: 2 = the
+  // stage-1 producer warps, as soon as both warpgroups are past the previous request's last QK^T;
+  // 1 = one compute thread after the previous request's epilogue barrier (v18).
   CUtensorMap tma_q;
   int q_tma;
 
@@ -54,8 +56,9 @@ struct DenseDecodeParams {
   int long_from;
   // Timeline (clock64) of CTA (0,0,0)'s first trace_pairs pairs, [role][pair][event] with role
   // WG0, WG1, producers (both stages) and kTraceEvents events each; then, per CTA (linear block id below
-  // kTraceMaxCtas), {globaltimer at start, at end, clock64 at start, at end, SM id, pairs}. Null: off
-  // (bench/profile only; a build with OPENMLA_DENSE_DECODE_TRACE).
+  // kTraceMaxCtas), {globaltimer at start, at end, clock64 at start, at end, SM id, pairs}; then
+  // CTA 0's first kTraceRequests requests, [role][request][event] (kernel.cuh Tracer::mark_request).
+  // Null: off (bench/profile only; a build with OPENMLA_DENSE_DECODE_TRACE).
   long long* trace;
   int trace_pairs;
 };
