@@ -381,15 +381,15 @@ void print_requests(const long long* trace_d, int pairs) {
   const long long entry = at(2, 0, 6);
   if (entry == 0) return;
   std::printf("\nrequests of CTA 0, clocks after its kernel entry (setup done at %lld)\n"
-              "WG0/WG1: 0 top, 1 Q landed, 2 kBarRequest, 3 first S done, 4 pairs drained, "
-              "5 kBarEpilogue, 6 output stored; producers: 0/1 stage 0 request top / first part "
-              "issued, 2/3 stage 1\n", at(2, 0, 7) - entry);
+              "WG0/WG1: 4 pairs drained, 5 kBarEpilogue, 6 output stored; producers: 0/1 stage 0 "
+              "request top / first part issued, 2/3 stage 1 (marks before a request's first "
+              "wgmma made ptxas serialize every wgmma: none there)\n", at(2, 0, 7) - entry);
   for (int r = 0; r < kTraceRequests; ++r) {
-    if (at(0, r, 0) == 0) break;
+    if (at(0, r, 4) == 0) break;
     std::printf("request %d | WG0", r);
-    for (int e = 0; e <= 6; ++e) std::printf(" %7lld", at(0, r, e) ? at(0, r, e) - entry : -1);
+    for (int e = 4; e <= 6; ++e) std::printf(" %7lld", at(0, r, e) ? at(0, r, e) - entry : -1);
     std::printf(" | WG1");
-    for (int e = 0; e <= 6; ++e) std::printf(" %7lld", at(1, r, e) ? at(1, r, e) - entry : -1);
+    for (int e = 4; e <= 6; ++e) std::printf(" %7lld", at(1, r, e) ? at(1, r, e) - entry : -1);
     std::printf(" | prod");
     for (int e = 0; e <= 3; ++e) std::printf(" %7lld", at(2, r, e) ? at(2, r, e) - entry : -1);
     std::printf("\n");
@@ -420,6 +420,7 @@ bool apply_knobs() {
     else if (name == "evict_normal_from") tuning.evict_normal_from = value;
     else if (name == "skip_combine") tuning.skip_combine = value;
     else if (name == "q_tma") tuning.q_tma = value;
+    else if (name == "output_stores") tuning.output_stores = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;

@@ -288,6 +288,14 @@ else
       record "${name#openmla_}" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"
     fi
   done
+  # Kernel-only time from the profiler trace, ANCHORS.md's method for FlashMLA (needs the Python
+  # package laid out above and torch).
+  if [[ -n "${PKG:-}" && -d "${PKG:-}/openmla" ]]; then
+    echo "===== bench/kernel_time.py" >>"$LOG"
+    run_step "$LOG" "${BENCH_TIMEOUT:-240}" python3 "$ROOT/bench/kernel_time.py"
+    if [[ $STEP_RC -eq 0 ]]; then record kernel_time PASS "$STEP_SECONDS"; else
+      record kernel_time FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
+  fi
 fi
 
 rm -f "$STAMP"

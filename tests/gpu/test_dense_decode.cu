@@ -39,6 +39,7 @@ struct DecodeCase {
   bool strided = true;    // q, k_cache, out, lse with padded strides (gaps)
   int num_sm_parts = 0;   // > 0: an explicit GPU-planned schedule with that many workers
   uint64_t seed = 1;
+  int out_gap = 32;       // strided out: elements between heads, tokens, requests (2: 4-byte rows)
 };
 
 std::string describe(const DecodeCase& c) {
@@ -133,7 +134,8 @@ void run_reference(HostProblem* p, bool causal) {
 // Output tensors for the GPU: strided (gaps) when asked.
 HostTensor make_out(const DecodeCase& c, int64_t b) {
   if (!c.strided) return HostTensor(c.dtype, {b, c.s_q, c.h_q, kDimV});
-  const int64_t head = kDimV + 32, seq = c.h_q * head + 32, batch = c.s_q * seq + 32;
+  const int64_t g = c.out_gap;
+  const int64_t head = kDimV + g, seq = c.h_q * head + g, batch = c.s_q * seq + g;
   return HostTensor(c.dtype, {b, c.s_q, c.h_q, kDimV}, {batch, seq, head, 1});
 }
 HostTensor make_lse(const DecodeCase& c, int64_t b) {
@@ -264,15 +266,14 @@ TEST(DenseDecode, PipelineBoundaries) {
   run_case({.d_qk = 512, .h_q = 128, .seqlens = {129, 255, 256, 2}, .num_sm_parts = 1, .seed = seed++});
 }
 
-// Q loaded three ways (DenseDecodeTuning::q_tma): by the stage-1 producer warps once the previous
-// request's last QK^T is done (2, the default), by one compute thread after the epilogue barrier
-// (1), by the compute threads' loads (0). Several requests a CTA, empty ones and odd tile counts
-// (a last pair without its odd tile) cross every request boundary of each path.
+// Q loaded both ways (DenseDecodeTuning::q_tma): by TMA from one compute thread after the epilogue
+// barrier (1, the default) and by the compute threads' loads (0). Several requests a CTA, empty
+// ones and odd tile counts (a last pair without its odd tile) cross every request boundary.
 TEST(DenseDecode, QLoadPaths) {
   auto& tuning = cuda::sm90::dense_decode_tuning();
   const int saved = tuning.q_tma;
   uint64_t seed = 300;
-  for (int mode : {2, 1, 0}) {
+  for (int mode : {1, 0}) {
     tuning.q_tma = mode;
     SCOPED_TRACE("q_tma " + std::to_string(mode));
     run_case({.h_q = 16, .seqlens = {37, 200, 0, 129, 64, 1, 128}, .num_sm_parts = 2,
@@ -282,6 +283,25 @@ TEST(DenseDecode, QLoadPaths) {
               .seqlens = {300, 0, 129, 2}, .causal = true, .num_sm_parts = 2, .seed = seed++});
   }
   tuning.q_tma = saved;
+}
+
+// The output of unsplit requests both ways (DenseDecodeTuning::output_stores): 16-byte stores after
+// a transpose inside each quad (2, the default; only where out's strides are multiples of 8
+// elements) and 4-byte stores (1, and always for out strides of 2 elements).
+TEST(DenseDecode, OutputStores) {
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.output_stores;
+  uint64_t seed = 320;
+  for (int mode : {2, 1}) {
+    tuning.output_stores = mode;
+    SCOPED_TRACE("output_stores " + std::to_string(mode));
+    run_case({.h_q = 128, .seqlens = {65, 0, 300}, .seed = seed++});
+    run_case({.s_q = 2, .h_q = 24, .seqlens = {100, 1}, .causal = true, .seed = seed++});
+    run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 16, .seqlens = {200, 64}, .seed = seed++,
+              .out_gap = 2});
+    run_case({.h_q = 64, .seqlens = {129, 7}, .strided = false, .seed = seed++});
+  }
+  tuning.output_stores = saved;
 }
 
 // --- dtype x head dim ---------------------------------------------------------------------------

@@ -135,26 +135,28 @@ struct Tracer {
     if (p.trace != nullptr && leader && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
       row = p.trace + static_cast<int64_t>(role) * p.trace_pairs * kTraceEvents;
       trace_pairs_ = p.trace_pairs;
-      role_ = role;
     }
   }
   __device__ __forceinline__ void mark(int pair, int event) const {
     if (row != nullptr && pair < trace_pairs_) row[pair * kTraceEvents + event] = clock64();
   }
-  // Request boundaries: this role's [request][event] row after the CTA spans (params.h).
-  __device__ __forceinline__ void mark_request(int request, int event) const {
+  // Request boundaries: role's [request][event] row after the CTA spans (params.h). The address
+  // comes from the parameters at each mark: a pointer held across the loop cost registers. None
+  // between a request's Q wait and its first wgmma: stamps there made ptxas put a
+  // warpgroup.arrive before every wgmma of the kernel (92 instead of 23; C7519), and the trace
+  // build ran 50% slower.
+  __device__ __forceinline__ void mark_request(const DenseDecodeParams& p, int role, int request,
+                                               int event) const {
     if (row != nullptr && request < kTraceRequests) {
-      long long* req = row - static_cast<int64_t>(role_) * trace_pairs_ * kTraceEvents +
-                       3ll * trace_pairs_ * kTraceEvents + 6ll * kTraceMaxCtas;
-      req[(role_ * kTraceRequests + request) * kTraceRequestEvents + event] = clock64();
+      p.trace[3ll * p.trace_pairs * kTraceEvents + 6ll * kTraceMaxCtas +
+              (role * kTraceRequests + request) * kTraceRequestEvents + event] = clock64();
     }
   }
   int trace_pairs_ = 0;
-  int role_ = 0;
 #else
   __device__ __forceinline__ Tracer(const DenseDecodeParams&, int, bool) {}
   __device__ __forceinline__ void mark(int, int) const {}
-  __device__ __forceinline__ void mark_request(int, int) const {}
+  __device__ __forceinline__ void mark_request(const DenseDecodeParams&, int, int, int) const {}
 #endif
 };
 
@@ -181,20 +183,18 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
   return piece;
 }
 
-// Q of request r for CTA rows [64 m_block, 64 m_block + 64) of kv head `kv_head` by TMA: pieces
-// first, first + step, ... of the 64-dim pieces, one box each (rows past the request's are the
-// map's zero fill), completing q_full with their bytes.
+// Q of request r for CTA rows [64 m_block, 64 m_block + 64) of kv head `kv_head` by TMA, one box
+// a 64-dim piece (rows past the request's are the map's zero fill), completing q_full.
 template <class Traits>
 __device__ __forceinline__ void issue_q(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int r, int kv_head,
-                                        int m_block, int first, int step) {
+                                        int m_block) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  const int pieces = (Traits::kNumPieces - first + step - 1) / step;
-  Barrier::arrive_and_expect_tx(&smem.q_full, pieces * Traits::kBlockM * Traits::kPieceDims * 2);
+  Barrier::arrive_and_expect_tx(&smem.q_full, Traits::kBlockM * Traits::kHeadDimQK * 2);
   const int row0 = m_block * Traits::kBlockM;
   const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
 #pragma unroll 1
-  for (int c = first; c < Traits::kNumPieces; c += step) {
+  for (int c = 0; c < Traits::kNumPieces; ++c) {
     cute::SM90_TMA_LOAD_5D::copy(&p.tma_q, &smem.q_full, p.cache_hint,
                                  smem.q + c * Traits::kQPieceElems, c * Traits::kPieceDims, head0,
                                  kv_head, s0, r);
@@ -263,20 +263,12 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
 template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
-                                        int m_block, int stage, int sub) {
+                                        int stage, int sub) {
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, 2, sub == 0);
   int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
   for (int r = field(0); r <= field(2); ++r) {
-    trace.mark_request(r - field(0), 2 * stage);
-    // q_tma 2: stage 1's producers load the request's Q (half the pieces each) once both
-    // warpgroups are past the previous request's last QK^T. Stage 1's first part of this request
-    // goes back only after that anyway (WG1's last QK^T precedes its hand-backs).
-    if (p.q_tma == 2 && stage == 1) {
-      const int j = r - field(0);
-      if (j > 0) cutlass::arch::ClusterBarrier::wait(&smem.q_empty, (j - 1) & 1);
-      issue_q<Traits>(p, smem, r, kv_head, m_block, sub, kIssuersPerStage);
-    }
+    trace.mark_request(p, 2, r - field(0), 2 * stage);
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int32_t* table = p.block_table + r * p.block_table_stride_b;
     const int n_tiles = piece.num_tiles();
@@ -300,7 +292,7 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                        Traits::part_order(stage, i), t0, valid, pair & 1, sub,
                                        hint);
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
-        if (i == 0 && it == stage) trace.mark_request(r - field(0), 2 * stage + 1);
+        if (i == 0 && it == stage) trace.mark_request(p, 2, r - field(0), 2 * stage + 1);
       }
     }
   }
@@ -480,6 +472,44 @@ __device__ __forceinline__ void load_p(const void* buf, TP& tOrP, int t) {
   }
 }
 
+// One row of this thread's half of O (row i of the accumulator, times `inv`) into `out` (the
+// row's first column of this warpgroup's half) as 16-byte stores. The 4 lanes of a quad hold the
+// row's n-blocks of 8 columns, 2 columns each (lane q: columns 8 nb + 2 q, + 1); a 4 x 4
+// transpose inside the quad per 4 n-blocks (4 shuffles) gives lane q all 8 columns of n-block
+// 4 g + q. Four times fewer store instructions than one 4-byte store a column pair, each a warp
+// writing 8 rows x 64 contiguous bytes. Every lane shuffles; only `store` lanes write.
+template <class Element, class TO>
+__device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, float inv, int q,
+                                              bool store) {
+  using namespace cute;
+  constexpr int kBlocks = size<1>(TO{}.layout()) / 2;  // n-blocks of 8 columns in the row
+  static_assert(kBlocks % 4 == 0);
+  const bool lo = q & 1, hi = q & 2;
+#pragma unroll
+  for (int g = 0; g < kBlocks / 4; ++g) {
+    uint32_t a[4];  // a[k]: this lane's 2 columns of n-block 4 g + k
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = 2 * (4 * g + k);
+      a[k] = pack2<Element>(O(i, j) * inv, O(i, j + 1) * inv);
+    }
+    // M[lane][k] = lane's a[k]; lane q wants column q of M. Across lanes q ^ 2: keep the k with
+    // bit 1 equal to q's, send the others.
+    const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
+    const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
+    const uint32_t s0 = hi ? a[2] : a[0], s1 = hi ? a[3] : a[1];  // M[q][kb], M[q][kb + 1]
+    // (r0, r1 = M[q ^ 2][kb], M[q ^ 2][kb + 1], kb = q & 2.) Across lanes q ^ 1: keep k = q.
+    const uint32_t u0 = __shfl_xor_sync(0xffffffffu, lo ? s0 : s1, 1);  // M[q ^ 1][q]
+    const uint32_t u1 = __shfl_xor_sync(0xffffffffu, lo ? r0 : r1, 1);  // M[q ^ 3][q]
+    const uint32_t self = lo ? s1 : s0, other = lo ? r1 : r0;         // M[q][q], M[q ^ 2][q]
+    // Word w of the 16 bytes is M[w][q] = V[q ^ w] with V = {self, u0, other, u1}.
+    const uint32_t a0 = hi ? other : self, a1 = hi ? u1 : u0;  // V[hi * 2], V[hi * 2 + 1]
+    const uint32_t b0 = hi ? self : other, b1 = hi ? u0 : u1;  // V[(1 - hi) * 2 + {0, 1}]
+    const uint4 v = make_uint4(lo ? a1 : a0, lo ? a0 : a1, lo ? b1 : b0, lo ? b0 : b1);
+    if (store) *reinterpret_cast<uint4*>(out + (8 * (4 * g + q)) * 2) = v;
+  }
+}
+
 // Q rows of (request, kv head, m_block) into smem; rows past the request's rows are zero.
 template <class Traits>
 __device__ __forceinline__ void load_q(const DenseDecodeParams& p, typename Traits::Element* sQ,
@@ -572,21 +602,15 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, wg, t == 0);
   int pair = 0;  // pairs consumed so far by this CTA: the phase of both stages' barriers
-  // Q by TMA (p.q_tma; rows past the request's are the map's zero fill). q_tma 2: stage 1's
-  // producer warps load it, the first request's at once and each next one's as soon as every
-  // compute warp has passed its last QK^T of the request before (q_done below), so it lands under
-  // that request's last softmax, PVs and epilogue. q_tma 1 (v18): thread 0 of WG0 issues the next
-  // request's after kBarEpilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and
-  // more at each request boundary: NOTES.md session 7.)
-  const bool q_issuer = p.q_tma == 1 && wg == 0 && t == 0;
-  if (q_issuer && field(0) <= field(2)) issue_q<Traits>(p, smem, field(0), kv_head, m_block, 0, 1);
-  // q_tma 2: each warp tells stage 1's producers when its last QK^T of the request is done.
-  auto q_done = [&] {
-    if (p.q_tma == 2) release_part(&smem.q_empty, lane);
-  };
+  // Q by TMA (p.q_tma): thread 0 of WG0 loads request r's 64 rows (rows past the request's are
+  // the map's zero fill): the first request's right away, each next one's once both warpgroups
+  // are past their last QK^T (kBarEpilogue), so it lands under the epilogue. (The compute
+  // threads' own loads cost ~6 µs at a CTA's start and more at each request boundary; issued
+  // earlier, by the producer warps right after the last QK^T, it measured no better: NOTES.md.)
+  const bool q_issuer = p.q_tma && wg == 0 && t == 0;
+  if (q_issuer && field(0) <= field(2)) issue_q<Traits>(p, smem, field(0), kv_head, m_block);
   uint32_t q_phase = 0;
   for (int r = field(0); r <= field(2); ++r) {
-    trace.mark_request(r - field(0), 0);
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int n_tiles = piece.num_tiles();
     const int first_split = p.num_splits[r * p.num_splits_stride];
@@ -600,10 +624,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       if (n_tiles > 0) load_q<Traits>(p, smem.q, r, kv_head, m_block, thread);
       fence_async_smem();
     }
-    trace.mark_request(r - field(0), 1);
     bar_sync(kBarRequest, 256);
-    trace.mark_request(r - field(0), 2);
-    if (n_tiles == 0) q_done();  // no QK^T in this request
 
     int limit[2];  // keys >= limit are masked (piece end, causal)
 #pragma unroll
@@ -672,8 +693,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
         });
         trace.mark(pair, 2);
-        if (k == 0) trace.mark_request(r - field(0), 3);
-        if (k == n_pairs - 1) q_done();
         // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
 #pragma unroll
@@ -751,7 +770,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
             release_part(&smem.empty[0][Traits::kPartR], lane);
           });
         } else {
-          q_done();  // the last pair has no odd tile: WG1's last QK^T was a pair ago
           wait_pv(tOrO, tOrP_other);
           release_part(&smem.empty[0][Traits::kPartR], lane);
           // The tile past the end is a 0-byte phase of stage 1: no part of it may go back before
@@ -763,8 +781,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           }
         }
         trace.mark(pair, 2);
-        if (k == 0) trace.mark_request(r - field(0), 3);
-        if (has1 && k == n_pairs - 1) q_done();
         // ---- softmax of tile 2k + 1 against m0: P, m1 and e^(m0 - m1) for WG0 ----
         float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
@@ -806,16 +822,30 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     }
 
     // ---- epilogue: row sums of both warpgroups, normalise, write ----
-    trace.mark_request(r - field(0), 4);
+    trace.mark_request(p, wg, r - field(0), 4);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l_run[i] = quad_sum(l_run[i]);
       if (row_leader) smem.row_sum[wg][row_of[i]] = l_run[i];
     }
     bar_sync(kBarEpilogue, 256);
-    trace.mark_request(r - field(0), 5);
-    if (q_issuer && r < field(2)) issue_q<Traits>(p, smem, r + 1, kv_head, m_block, 0, 1);
+    trace.mark_request(p, wg, r - field(0), 5);
+    if (q_issuer && r < field(2)) issue_q<Traits>(p, smem, r + 1, kv_head, m_block);
     const bool single = n_splits == 1;
+    if (single && p.output_stores == 2) {
+      // (Every lane of the warp takes part in the quads' shuffles, so rows past the request's
+      // only skip the store.)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int grow = m_block * 64 + row_of[i];
+        const float l = smem.row_sum[0][row_of[i]] + smem.row_sum[1][row_of[i]];
+        const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
+        char* out = static_cast<char*>(p.out) +
+                    (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h +
+                     wg * Traits::kVHalfDims) * 2;
+        store_row_16B<Element>(out, O, i, l > 0.f ? 1.f / l : 0.f, lane % 4, grow < p.rows);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int grow = m_block * 64 + row_of[i];
@@ -825,14 +855,16 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
       const float lse = l > 0.f ? m_run[i] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
       if (single) {
-        char* out = static_cast<char*>(p.out) +
-                    (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h +
-                     wg * Traits::kVHalfDims) * 2;
+        if (p.output_stores == 1) {
+          char* out = static_cast<char*>(p.out) +
+                      (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h +
+                       wg * Traits::kVHalfDims) * 2;
 #pragma unroll
-        for (int j = 0; j < size<1>(O); j += 2) {
-          const int col = get<1>(cO_rc(i, j));
-          *reinterpret_cast<uint32_t*>(out + col * 2) =
-              pack2<Element>(O(i, j) * inv, O(i, j + 1) * inv);
+          for (int j = 0; j < size<1>(O); j += 2) {
+            const int col = get<1>(cO_rc(i, j));
+            *reinterpret_cast<uint32_t*>(out + col * 2) =
+                pack2<Element>(O(i, j) * inv, O(i, j + 1) * inv);
+          }
         }
         if (wg == 0 && row_leader) {
           p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] = lse;
@@ -849,7 +881,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         if (wg == 0 && row_leader) p.lse_accum[prow] = lse;
       }
     }
-    trace.mark_request(r - field(0), 6);
+    trace.mark_request(p, wg, r - field(0), 6);
   }
   return pair;
 }
@@ -885,8 +917,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cutlass::arch::ClusterBarrier::init(&smem.empty[s][part], 4);  // lane 0 of 4 warps
       }
     }
-    cutlass::arch::ClusterBarrier::init(&smem.q_full, params.q_tma == 2 ? kIssuersPerStage : 1);
-    cutlass::arch::ClusterBarrier::init(&smem.q_empty, 8);  // lane 0 of each compute warp
+    cutlass::arch::ClusterBarrier::init(&smem.q_full, 1);
     cutlass::arch::fence_barrier_init();
     const int32_t* meta = params.metadata + blockIdx.z * params.metadata_stride_part;
 #pragma unroll
@@ -904,15 +935,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int producer = thread / 32 - 8;  // warps 8, 9: stage 0; warps 10, 11: stage 1
     if (thread % 32 == 0) {
       cute::prefetch_tma_descriptor(&params.tma_k);
-      if (params.q_tma == 2 && producer >= kIssuersPerStage) {
-        cute::prefetch_tma_descriptor(&params.tma_q);
-      }
       // Two walks, so each holds only its own page arithmetic in the producers' 40 registers.
       if (params.page_size >= Traits::kBlockN) {
-        produce<Traits, false>(params, smem, blockIdx.y, blockIdx.x, producer / kIssuersPerStage,
+        produce<Traits, false>(params, smem, blockIdx.y, producer / kIssuersPerStage,
                                producer % kIssuersPerStage);
       } else {
-        produce<Traits, true>(params, smem, blockIdx.y, blockIdx.x, producer / kIssuersPerStage,
+        produce<Traits, true>(params, smem, blockIdx.y, producer / kIssuersPerStage,
                               producer % kIssuersPerStage);
       }
     }

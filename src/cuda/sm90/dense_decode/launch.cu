@@ -288,9 +288,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   const DenseDecodeTuning& tuning = dense_decode_tuning();
   const int promotion = tuning.l2_promotion >= 0 ? tuning.l2_promotion : (m_blocks == 1 ? 128 : 256);
   OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, promotion, &params.tma_k));
-  params.q_tma = tuning.q_tma != 0 && encode_q_map(args.q, shape, shape.h_q / shape.h_kv, &params.tma_q)
-                     ? tuning.q_tma
-                     : 0;
+  params.q_tma = tuning.q_tma != 0 && encode_q_map(args.q, shape, shape.h_q / shape.h_kv, &params.tma_q);
   params.q = args.q.data;
   params.q_stride_b = args.q.strides[0];
   params.q_stride_s = args.q.strides[1];
@@ -299,6 +297,9 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.out_stride_b = args.out.strides[0];
   params.out_stride_s = args.out.strides[1];
   params.out_stride_h = args.out.strides[2];
+  params.output_stores = tuning.output_stores == 2 && !strides_aligned(args.out, 8)
+                             ? 1
+                             : tuning.output_stores;
   params.lse = args.lse.data_as<float>();
   params.lse_stride_b = args.lse.strides[0];
   params.lse_stride_h = args.lse.strides[1];

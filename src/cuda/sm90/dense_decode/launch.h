@@ -42,11 +42,12 @@ struct DenseDecodeTuning {
   // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
   // h_q 128), as the sweep measured (NOTES.md v10).
   int l2_promotion = -1;
-  // Q by TMA where the head group divides 64 or 64 divides it: 2 = issued by the stage-1
-  // producer warps once both warpgroups are past the previous request's last QK^T, 1 = by one
-  // compute thread after the previous request's epilogue barrier (v18); 0 = always by the compute
-  // threads' loads.
-  int q_tma = 2;
+  // Q by TMA (one thread, issued for the next request during the current one's epilogue) where
+  // the head group divides 64 or 64 divides it (1), or always by the compute threads' loads (0).
+  int q_tma = 1;
+  // Output of unsplit requests by 16-byte stores where out's data and strides allow (2), by 4-byte
+  // stores (1), or not written at all (0: timing diagnostics only, the output is garbage).
+  int output_stores = 2;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

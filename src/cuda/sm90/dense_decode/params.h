@@ -15,9 +15,7 @@ struct DenseDecodeParams {
   // q as a 5-D TMA tensor map (dim, head in group, kv head, token, request), box 64 dims x
   // min(group, 64) heads x 1 x 64 / min(group, 64) tokens: one box is one 64-row x 64-dim piece
   // of a CTA's Q (row = token * group + head in group). Only when the group divides 64 or 64
-  // divides the group; otherwise the compute threads load Q (q_tma = 0). Who issues it: 2 = the
-  // stage-1 producer warps, as soon as both warpgroups are past the previous request's last QK^T;
-  // 1 = one compute thread after the previous request's epilogue barrier (v18).
+  // divides the group (q_tma = 1); otherwise the compute threads load Q (q_tma = 0).
   CUtensorMap tma_q;
   int q_tma;
 
@@ -25,6 +23,9 @@ struct DenseDecodeParams {
   int64_t q_stride_b, q_stride_s, q_stride_h;
   void* out;  // [b, s_q, h_q, 512]
   int64_t out_stride_b, out_stride_s, out_stride_h;
+  // How a request with one split writes out: 2 = 16-byte stores (out 16-byte aligned with strides
+  // of 8 elements), 1 = 4-byte stores, 0 = not at all (timing diagnostics only).
+  int output_stores;
   float* lse;  // [b, h_q, s_q]
   int64_t lse_stride_b, lse_stride_h, lse_stride_s;
   const int32_t* block_table;  // [b, max_blocks]

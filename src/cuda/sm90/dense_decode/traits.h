@@ -116,8 +116,7 @@ struct DenseDecodeTraits {
     int range[5];
     alignas(8) uint64_t full[kStages][kNumPieces];  // TMA landed, per (stage, piece)
     uint64_t empty[kStages][kNumParts];             // the part's last reader is done
-    uint64_t q_full;   // the request's Q landed (TMA path, DenseDecodeParams::q_tma)
-    uint64_t q_empty;  // both warpgroups are past the request's last QK^T (q_tma 2)
+    uint64_t q_full;  // the request's Q landed (TMA path, DenseDecodeParams::q_tma)
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + align
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
