@@ -184,17 +184,20 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
 }
 
 // Q of request r for CTA rows [64 m_block, 64 m_block + 64) of kv head `kv_head` by TMA, one box
-// a 64-dim piece (rows past the request's are the map's zero fill), completing q_full.
+// a 64-dim piece (rows past the request's are the map's zero fill), completing q_full (one
+// arrival, by the thread with `arrive`, expecting all of Q's bytes). This thread issues pieces
+// first, first + step, ...: one thread's TMA stream is capped by its boxes in flight (~32 GB/s
+// into an SM from DRAM), so Q's 72 KB come faster from several warps.
 template <class Traits>
 __device__ __forceinline__ void issue_q(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int r, int kv_head,
-                                        int m_block) {
+                                        int m_block, int first, int step, bool arrive) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  Barrier::arrive_and_expect_tx(&smem.q_full, Traits::kBlockM * Traits::kHeadDimQK * 2);
+  if (arrive) Barrier::arrive_and_expect_tx(&smem.q_full, Traits::kBlockM * Traits::kHeadDimQK * 2);
   const int row0 = m_block * Traits::kBlockM;
   const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
 #pragma unroll 1
-  for (int c = 0; c < Traits::kNumPieces; ++c) {
+  for (int c = first; c < Traits::kNumPieces; c += step) {
     cute::SM90_TMA_LOAD_5D::copy(&p.tma_q, &smem.q_full, p.cache_hint,
                                  smem.q + c * Traits::kQPieceElems, c * Traits::kPieceDims, head0,
                                  kv_head, s0, r);
@@ -263,7 +266,7 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
 template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
-                                        int stage, int sub) {
+                                        int m_block, int stage, int sub) {
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, 2, sub == 0);
   int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
@@ -271,6 +274,14 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
     trace.mark_request(p, 2, r - field(0), 2 * stage);
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int32_t* table = p.block_table + r * p.block_table_stride_b;
+    // Pages of >= 64 keys: the block id of this stage's first tile, read here, before the tile
+    // loop whose bounds wait for the seqlen (any tile below the capacity has a table entry), so
+    // the two loads are in flight together at a request's start.
+    int first_block = 0;
+    if constexpr (!kSmallPages) {
+      const int t0 = piece.tile_begin + stage * Traits::kBlockN;
+      if (t0 < p.capacity) first_block = table[(t0 / p.page_size) * p.block_table_stride_n];
+    }
     const int n_tiles = piece.num_tiles();
     const uint64_t hint = piece.seqlen >= p.long_from ? p.cache_hint_long : p.cache_hint;
     for (int it = stage; it < n_tiles + stage; it += 2, ++pair) {
@@ -281,8 +292,8 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
       int block = 0, row = 0;
       if constexpr (!kSmallPages) {
         const int page = t0 / p.page_size;
-        // Any tile below the capacity has a table entry: the read need not wait for the seqlen.
-        if (t0 < p.capacity) block = table[page * p.block_table_stride_n];
+        block = first_block;
+        if (it != stage && t0 < p.capacity) block = table[page * p.block_table_stride_n];
         row = t0 - page * p.page_size;
       }
       if (stage == 0) trace.mark(pair, 0);
@@ -293,6 +304,18 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                        hint);
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
         if (i == 0 && it == stage) trace.mark_request(p, 2, r - field(0), 2 * stage + 1);
+      }
+    }
+    // The next request's Q into L2 (p.q_prefetch), now that this request's tiles are all issued,
+    // about a pair before the compute warpgroups load it: at a request boundary every CTA loads
+    // its 72 KB of Q at once, next to its output stores and its next tiles.
+    if (p.q_prefetch && stage == 1 && sub == 0 && r < field(2)) {
+      const int row0 = m_block * Traits::kBlockM;
+      const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
+#pragma unroll 1
+      for (int c = 0; c < Traits::kNumPieces; ++c) {
+        cute::SM90_TMA_LOAD_5D::PREFETCH::copy(&p.tma_q, c * Traits::kPieceDims, head0, kv_head,
+                                               s0, r + 1);
       }
     }
   }
@@ -607,9 +630,59 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // are past their last QK^T (kBarEpilogue), so it lands under the epilogue. (The compute
   // threads' own loads cost ~6 µs at a CTA's start and more at each request boundary; issued
   // earlier, by the producer warps right after the last QK^T, it measured no better: NOTES.md.)
-  const bool q_issuer = p.q_tma && wg == 0 && t == 0;
-  if (q_issuer && field(0) <= field(2)) issue_q<Traits>(p, smem, field(0), kv_head, m_block);
+  const int warp = thread / 32;  // 0-7 over both warpgroups
+  const bool q_issuer = p.q_tma && lane == 0 && warp < p.q_issuers;
+  auto load_q_tma = [&](int r) {
+    issue_q<Traits>(p, smem, r, kv_head, m_block, warp, p.q_issuers, warp == 0);
+  };
+  if (q_issuer && field(0) <= field(2)) load_q_tma(field(0));
   uint32_t q_phase = 0;
+
+  // Output of a finished request, O already normalised (1/l folded in): unsplit requests write
+  // out in q's dtype, split ones their fp32 partial for the combine. (Its 64 KB of stores hold
+  // both warpgroups ~4-6k clocks at a request boundary; deferring them under the next request's
+  // first QK^T kept O live across requests and spilled 1.9 KB: NOTES.md session 8.)
+  auto write_out = [&](int rr, bool single) {
+    auto out_row = [&](int i) {  // this warpgroup's half of row i in out
+      const int grow = m_block * 64 + row_of[i];
+      const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
+      return static_cast<char*>(p.out) + (rr * p.out_stride_b + s * p.out_stride_s +
+                                          h * p.out_stride_h + wg * Traits::kVHalfDims) * 2;
+    };
+    if (single && p.output_stores == 2) {
+      // (Every lane takes part in the quads' shuffles; rows past the request's skip the store.)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        store_row_16B<Element>(out_row(i), O, i, 1.f, lane % 4, m_block * 64 + row_of[i] < p.rows);
+      }
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int grow = m_block * 64 + row_of[i];
+      if (grow >= p.rows) continue;
+      if (single) {
+        if (p.output_stores != 1) continue;
+        char* out = out_row(i);
+#pragma unroll
+        for (int j = 0; j < size<1>(O); j += 2) {
+          const int col = get<1>(cO_rc(i, j));
+          *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(i, j), O(i, j + 1));
+        }
+      } else {
+        const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
+        const int split = field(4) + (rr - field(0));
+        const int64_t prow = (static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h;
+        float* out = p.o_accum + prow * Traits::kHeadDimV + wg * Traits::kVHalfDims;
+#pragma unroll
+        for (int j = 0; j < size<1>(O); j += 2) {
+          const int col = get<1>(cO_rc(i, j));
+          *reinterpret_cast<float2*>(out + col) = make_float2(O(i, j), O(i, j + 1));
+        }
+      }
+    }
+  };
+
   for (int r = field(0); r <= field(2); ++r) {
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int n_tiles = piece.num_tiles();
@@ -830,57 +903,26 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     }
     bar_sync(kBarEpilogue, 256);
     trace.mark_request(p, wg, r - field(0), 5);
-    if (q_issuer && r < field(2)) issue_q<Traits>(p, smem, r + 1, kv_head, m_block);
+    if (q_issuer && r < field(2)) load_q_tma(r + 1);
     const bool single = n_splits == 1;
-    if (single && p.output_stores == 2) {
-      // (Every lane of the warp takes part in the quads' shuffles, so rows past the request's
-      // only skip the store.)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int grow = m_block * 64 + row_of[i];
-        const float l = smem.row_sum[0][row_of[i]] + smem.row_sum[1][row_of[i]];
-        const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
-        char* out = static_cast<char*>(p.out) +
-                    (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h +
-                     wg * Traits::kVHalfDims) * 2;
-        store_row_16B<Element>(out, O, i, l > 0.f ? 1.f / l : 0.f, lane % 4, grow < p.rows);
-      }
-    }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int grow = m_block * 64 + row_of[i];
       const float l = smem.row_sum[0][row_of[i]] + smem.row_sum[1][row_of[i]];
       const float inv = l > 0.f ? 1.f / l : 0.f;
-      if (grow >= p.rows) continue;
+#pragma unroll
+      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= inv;
+      if (grow >= p.rows || !(wg == 0 && row_leader)) continue;
       const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
       const float lse = l > 0.f ? m_run[i] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
       if (single) {
-        if (p.output_stores == 1) {
-          char* out = static_cast<char*>(p.out) +
-                      (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h +
-                       wg * Traits::kVHalfDims) * 2;
-#pragma unroll
-          for (int j = 0; j < size<1>(O); j += 2) {
-            const int col = get<1>(cO_rc(i, j));
-            *reinterpret_cast<uint32_t*>(out + col * 2) =
-                pack2<Element>(O(i, j) * inv, O(i, j + 1) * inv);
-          }
-        }
-        if (wg == 0 && row_leader) {
-          p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] = lse;
-        }
+        p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] = lse;
       } else {
         const int split = field(4) + (r - field(0));
-        const int64_t prow = (static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h;
-        float* out = p.o_accum + prow * Traits::kHeadDimV + wg * Traits::kVHalfDims;
-#pragma unroll
-        for (int j = 0; j < size<1>(O); j += 2) {
-          const int col = get<1>(cO_rc(i, j));
-          *reinterpret_cast<float2*>(out + col) = make_float2(O(i, j) * inv, O(i, j + 1) * inv);
-        }
-        if (wg == 0 && row_leader) p.lse_accum[prow] = lse;
+        p.lse_accum[(static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h] = lse;
       }
     }
+    write_out(r, single);
     trace.mark_request(p, wg, r - field(0), 6);
   }
   return pair;
@@ -937,10 +979,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       cute::prefetch_tma_descriptor(&params.tma_k);
       // Two walks, so each holds only its own page arithmetic in the producers' 40 registers.
       if (params.page_size >= Traits::kBlockN) {
-        produce<Traits, false>(params, smem, blockIdx.y, producer / kIssuersPerStage,
+        produce<Traits, false>(params, smem, blockIdx.y, blockIdx.x, producer / kIssuersPerStage,
                                producer % kIssuersPerStage);
       } else {
-        produce<Traits, true>(params, smem, blockIdx.y, producer / kIssuersPerStage,
+        produce<Traits, true>(params, smem, blockIdx.y, blockIdx.x, producer / kIssuersPerStage,
                               producer % kIssuersPerStage);
       }
     }

@@ -26,6 +26,10 @@ struct DenseDecodeParams {
   // How a request with one split writes out: 2 = 16-byte stores (out 16-byte aligned with strides
   // of 8 elements), 1 = 4-byte stores, 0 = not at all (timing diagnostics only).
   int output_stores;
+  // Compute warps (1-8) issuing Q's TMA boxes.
+  int q_issuers;
+  // Stage 1's producer prefetches the next request's Q into L2 (q_tma only).
+  int q_prefetch;
   float* lse;  // [b, h_q, s_q]
   int64_t lse_stride_b, lse_stride_h, lse_stride_s;
   const int32_t* block_table;  // [b, max_blocks]
