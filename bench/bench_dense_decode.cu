@@ -25,18 +25,11 @@
 #include <string>
 #include <vector>
 
-#include "core/schedule.h"
-#include "cuda/common/decode_schedule.h"
 #include "cuda/sm90/dense_decode/launch.h"
 #include "gpu_clock_sampler.h"
 #include "openmla/ops.h"
 
 namespace {
-
-// Knob combine_blocks (OPENMLA_BENCH_KNOBS): the schedule planner's price of a combine, in key
-// blocks of one worker (core::kScheduleCombineBlocks unless set; negative: always split).
-constexpr int kDefaultCombineBlocks = openmla::core::kScheduleCombineBlocks;
-int g_combine_blocks = kDefaultCombineBlocks;
 
 using namespace openmla;
 
@@ -244,21 +237,7 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   sa.s_q = s.s_q, sa.h_q = s.h_q, sa.h_kv = 1;
   sa.metadata = TensorView::contiguous(meta_d, DType::kInt32, {parts, kScheduleMetadataInts}, dev);
   sa.num_splits = TensorView::contiguous(splits_d, DType::kInt32, {b + 1}, dev);
-  if (g_combine_blocks == kDefaultCombineBlocks) {
-    check(plan_decode_schedule(sa), "plan");
-  } else {  // knob combine_blocks: the planner's whole-vs-split price (negative: always split)
-    cuda::DecodeSchedulePlan plan;
-    plan.seqlens = static_cast<const int32_t*>(seq_d);
-    plan.batch = b;
-    plan.num_sm_parts = static_cast<int>(parts);
-    plan.block_tokens = 64;
-    plan.split_overhead_blocks = core::kScheduleSplitOverheadBlocks;
-    plan.combine_blocks = g_combine_blocks;
-    plan.metadata = static_cast<int32_t*>(meta_d);
-    plan.metadata_stride_part = kScheduleMetadataInts;
-    plan.num_splits = static_cast<int32_t*>(splits_d);
-    check(cuda::launch_plan_decode_schedule(plan, nullptr), "plan (combine_blocks knob)");
-  }
+  check(plan_decode_schedule(sa), "plan");
 
   DenseDecodeArgs a;
   a.q = TensorView::contiguous(q, DType::kBF16, {b, s.s_q, s.h_q, d}, dev);
@@ -443,8 +422,6 @@ bool apply_knobs() {
     else if (name == "q_tma") tuning.q_tma = value;
     else if (name == "output_stores") tuning.output_stores = value;
     else if (name == "q_issuers") tuning.q_issuers = value;
-    else if (name == "q_prefetch") tuning.q_prefetch = value;
-    else if (name == "combine_blocks") g_combine_blocks = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;

@@ -266,7 +266,7 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
 template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
-                                        int m_block, int stage, int sub) {
+                                        int stage, int sub) {
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, 2, sub == 0);
   int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
@@ -304,18 +304,6 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                        hint);
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
         if (i == 0 && it == stage) trace.mark_request(p, 2, r - field(0), 2 * stage + 1);
-      }
-    }
-    // The next request's Q into L2 (p.q_prefetch), now that this request's tiles are all issued,
-    // about a pair before the compute warpgroups load it: at a request boundary every CTA loads
-    // its 72 KB of Q at once, next to its output stores and its next tiles.
-    if (p.q_prefetch && stage == 1 && sub == 0 && r < field(2)) {
-      const int row0 = m_block * Traits::kBlockM;
-      const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
-#pragma unroll 1
-      for (int c = 0; c < Traits::kNumPieces; ++c) {
-        cute::SM90_TMA_LOAD_5D::PREFETCH::copy(&p.tma_q, c * Traits::kPieceDims, head0, kv_head,
-                                               s0, r + 1);
       }
     }
   }
@@ -979,10 +967,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       cute::prefetch_tma_descriptor(&params.tma_k);
       // Two walks, so each holds only its own page arithmetic in the producers' 40 registers.
       if (params.page_size >= Traits::kBlockN) {
-        produce<Traits, false>(params, smem, blockIdx.y, blockIdx.x, producer / kIssuersPerStage,
+        produce<Traits, false>(params, smem, blockIdx.y, producer / kIssuersPerStage,
                                producer % kIssuersPerStage);
       } else {
-        produce<Traits, true>(params, smem, blockIdx.y, blockIdx.x, producer / kIssuersPerStage,
+        produce<Traits, true>(params, smem, blockIdx.y, producer / kIssuersPerStage,
                               producer % kIssuersPerStage);
       }
     }

@@ -301,7 +301,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
                              ? 1
                              : tuning.output_stores;
   params.q_issuers = tuning.q_issuers < 1 ? 1 : (tuning.q_issuers > 8 ? 8 : tuning.q_issuers);
-  params.q_prefetch = params.q_tma && tuning.q_prefetch != 0;
   params.lse = args.lse.data_as<float>();
   params.lse_stride_b = args.lse.strides[0];
   params.lse_stride_h = args.lse.strides[1];

@@ -50,8 +50,6 @@ struct DenseDecodeTuning {
   int output_stores = 2;
   // Compute warps issuing Q's TMA boxes (1-8): one thread streams only ~32 GB/s into an SM.
   int q_issuers = 8;
-  // The next request's Q prefetched into L2 once a request's tiles are issued (1), or not (0).
-  int q_prefetch = 1;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

@@ -28,8 +28,6 @@ struct DenseDecodeParams {
   int output_stores;
   // Compute warps (1-8) issuing Q's TMA boxes.
   int q_issuers;
-  // Stage 1's producer prefetches the next request's Q into L2 (q_tma only).
-  int q_prefetch;
   float* lse;  // [b, h_q, s_q]
   int64_t lse_stride_b, lse_stride_h, lse_stride_s;
   const int32_t* block_table;  // [b, max_blocks]
