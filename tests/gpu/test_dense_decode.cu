@@ -266,16 +266,19 @@ TEST(DenseDecode, PipelineBoundaries) {
   run_case({.d_qk = 512, .h_q = 128, .seqlens = {129, 255, 256, 2}, .num_sm_parts = 1, .seed = seed++});
 }
 
-// Q loaded both ways (DenseDecodeTuning::q_tma): by TMA from one compute thread after the epilogue
-// barrier (1, the default) and by the compute threads' loads (0). Several requests a CTA, empty
-// ones and odd tile counts (a last pair without its odd tile) cross every request boundary.
+// Q loaded every way (DenseDecodeTuning::q_tma, q_issuers): by TMA after the epilogue barrier
+// from 8 compute warps (the default) or one, and by the compute threads' loads (q_tma 0).
+// Several requests a CTA, empty ones and odd tile counts (a last pair without its odd tile)
+// cross every request boundary.
 TEST(DenseDecode, QLoadPaths) {
   auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.q_tma;
+  const int saved = tuning.q_tma, saved_issuers = tuning.q_issuers;
   uint64_t seed = 300;
-  for (int mode : {1, 0}) {
-    tuning.q_tma = mode;
-    SCOPED_TRACE("q_tma " + std::to_string(mode));
+  for (int mode : {8, 1, 0}) {
+    tuning.q_tma = mode > 0 ? 1 : 0;
+    tuning.q_issuers = mode > 0 ? mode : saved_issuers;
+    SCOPED_TRACE("q_tma " + std::to_string(tuning.q_tma) + ", q_issuers " +
+                 std::to_string(tuning.q_issuers));
     run_case({.h_q = 16, .seqlens = {37, 200, 0, 129, 64, 1, 128}, .num_sm_parts = 2,
               .seed = seed++});
     run_case({.h_q = 128, .seqlens = {65, 0, 1, 192, 64, 640}, .num_sm_parts = 1, .seed = seed++});
@@ -283,6 +286,7 @@ TEST(DenseDecode, QLoadPaths) {
               .seqlens = {300, 0, 129, 2}, .causal = true, .num_sm_parts = 2, .seed = seed++});
   }
   tuning.q_tma = saved;
+  tuning.q_issuers = saved_issuers;
 }
 
 // The output of unsplit requests both ways (DenseDecodeTuning::output_stores): 16-byte stores after
