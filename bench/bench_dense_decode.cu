@@ -444,12 +444,16 @@ int main() {
   check(cudaMalloc(&g_flush, g_flush_bytes), "malloc flush");
   std::printf("L2 flush before each timed run: %zu MiB memset\n\n", g_flush_bytes >> 20);
 
-  // OPENMLA_BENCH_SHAPE=s_q,h_q,seqlen: that one b = 128 shape only (for a profiler run).
+  // OPENMLA_BENCH_SHAPE=s_q,h_q,seqlen: that one b = 128 shape only (for a profiler run);
+  // b,s_q,h_q,seqlen: that batch size.
   if (const char* only = std::getenv("OPENMLA_BENCH_SHAPE")) {
-    int s_q = 1, h_q = 64, len = 4096;
-    if (std::sscanf(only, "%d,%d,%d", &s_q, &h_q, &len) != 3) return 2;
+    int b = 128, s_q = 1, h_q = 64, len = 4096;
+    if (std::sscanf(only, "%d,%d,%d,%d", &b, &s_q, &h_q, &len) != 4) {
+      b = 128;
+      if (std::sscanf(only, "%d,%d,%d", &s_q, &h_q, &len) != 3) return 2;
+    }
     Buffers one;
-    one.kv_blocks = size_t{128} * len / 64;
+    one.kv_blocks = static_cast<size_t>(b) * len / 64;
     check(cudaMalloc(&one.kv, one.kv_blocks * 64 * 576 * 2), "malloc kv");
     fill(one.kv, one.kv_blocks * 64 * 576, 7);
     // OPENMLA_BENCH_L2_RESIDENT=n: all requests read the first n blocks (n = 256: 18 MB, in L2).
@@ -472,7 +476,7 @@ int main() {
       cuda::sm90::dense_decode_tuning().trace = trace_d;
       cuda::sm90::dense_decode_tuning().trace_pairs = trace_pairs;
     }
-    const Shape shape{128, s_q, h_q, std::vector<int>(128, len), std::to_string(len), 0.0};
+    const Shape shape{b, s_q, h_q, std::vector<int>(b, len), std::to_string(len), 0.0};
     run_shape(shape, one, 4200.0, 780.0, rng);
     if (trace_d != nullptr) {
       print_trace(trace_d, trace_pairs);
