@@ -613,11 +613,12 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, wg, t == 0);
   int pair = 0;  // pairs consumed so far by this CTA: the phase of both stages' barriers
-  // Q by TMA (p.q_tma): thread 0 of WG0 loads request r's 64 rows (rows past the request's are
-  // the map's zero fill): the first request's right away, each next one's once both warpgroups
-  // are past their last QK^T (kBarEpilogue), so it lands under the epilogue. (The compute
-  // threads' own loads cost ~6 µs at a CTA's start and more at each request boundary; issued
-  // earlier, by the producer warps right after the last QK^T, it measured no better: NOTES.md.)
+  // Q by TMA (p.q_tma): lane 0 of the first p.q_issuers compute warps load request r's 64 rows
+  // (rows past the request's are the map's zero fill): the first request's right away, each next
+  // one's once both warpgroups are past their last QK^T (kBarEpilogue), so it lands under the
+  // epilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
+  // request boundary; issued earlier, by the producer warps right after the last QK^T, or
+  // prefetched into L2, it measured no better: NOTES.md session 8.)
   const int warp = thread / 32;  // 0-7 over both warpgroups
   const bool q_issuer = p.q_tma && lane == 0 && warp < p.q_issuers;
   auto load_q_tma = [&](int r) {
