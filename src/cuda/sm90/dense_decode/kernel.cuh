@@ -52,7 +52,6 @@ enum : uint32_t {
   kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
   kBarWg1 = 5,       // inside WG1 (128)
   kBarEpilogue = 6,  // row sums exchanged (256)
-  kBarOutput = 7,    // output staged in Q's buffer (256; output_stores 3)
 };
 
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
@@ -490,9 +489,9 @@ __device__ __forceinline__ void load_p(const void* buf, TP& tOrP, int t) {
 // transpose inside the quad per 4 n-blocks (4 shuffles) gives lane q all 8 columns of n-block
 // 4 g + q. Four times fewer store instructions than one 4-byte store a column pair, each a warp
 // writing 8 rows x 64 contiguous bytes. Every lane shuffles; only `store` lanes write.
-template <class Element, class TO, class Sink>
-__device__ __forceinline__ void transpose_row_16B(TO const& O, int i, float inv, int q,
-                                                  Sink&& sink) {
+template <class Element, class TO>
+__device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, float inv, int q,
+                                              bool store) {
   using namespace cute;
   constexpr int kBlocks = size<1>(TO{}.layout()) / 2;  // n-blocks of 8 columns in the row
   static_assert(kBlocks % 4 == 0);
@@ -517,25 +516,9 @@ __device__ __forceinline__ void transpose_row_16B(TO const& O, int i, float inv,
     // Word w of the 16 bytes is M[w][q] = V[q ^ w] with V = {self, u0, other, u1}.
     const uint32_t a0 = hi ? other : self, a1 = hi ? u1 : u0;  // V[hi * 2], V[hi * 2 + 1]
     const uint32_t b0 = hi ? self : other, b1 = hi ? u0 : u1;  // V[(1 - hi) * 2 + {0, 1}]
-    sink(4 * g + q, make_uint4(lo ? a1 : a0, lo ? a0 : a1, lo ? b1 : b0, lo ? b0 : b1));
+    const uint4 v = make_uint4(lo ? a1 : a0, lo ? a0 : a1, lo ? b1 : b0, lo ? b0 : b1);
+    if (store) *reinterpret_cast<uint4*>(out + (8 * (4 * g + q)) * 2) = v;
   }
-}
-// ... into `out` (the row's first column of this warpgroup's half), only where `store`.
-template <class Element, class TO>
-__device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, float inv, int q,
-                                              bool store) {
-  transpose_row_16B<Element>(O, i, inv, q, [&](int nb, uint4 v) {
-    if (store) *reinterpret_cast<uint4*>(out + nb * 16) = v;
-  });
-}
-
-// Four 8 x 8 blocks of 16-bit values into shared memory: register k of a lane is its (row lane / 4,
-// columns 2 (lane % 4), + 1) of block k, and lanes 8 k .. 8 k + 7 give block k's row addresses.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
-                                            uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
 }
 
 // Q rows of (request, kv head, m_block) into smem; rows past the request's rows are zero.
@@ -625,9 +608,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   int row_of[2];  // rows (in the 64-row block) this thread holds
 #pragma unroll
   for (int i = 0; i < 2; ++i) row_of[i] = get<0>(cS_rc(i, 0));
-  // One of the 4 threads sharing a row writes its statistics. (Read from the thread index where
-  // used: kept in a register across the walk it was spilled.)
-  auto row_leader = [] { return (threadIdx.x & 3) == 0; };
+  const bool row_leader = (lane % 4) == 0;  // one of the 4 threads sharing a row writes stats
   const float sl2 = p.scale_log2;
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, wg, t == 0);
@@ -638,23 +619,19 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // epilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
   // request boundary; issued earlier, by the producer warps right after the last QK^T, or
   // prefetched into L2, it measured no better: NOTES.md session 8.)
-  // (The issuer test and the warp index are read from the thread index where used: held in
-  // registers across the walk, they were spilled.)
-  auto q_issuer = [&] {
-    return p.q_tma && (threadIdx.x & 31) == 0 && static_cast<int>(threadIdx.x / 32) < p.q_issuers;
-  };
+  const int warp = thread / 32;  // 0-7 over both warpgroups
+  const bool q_issuer = p.q_tma && lane == 0 && warp < p.q_issuers;
   auto load_q_tma = [&](int r) {
-    const int warp = threadIdx.x / 32;  // 0-7 over both warpgroups
     issue_q<Traits>(p, smem, r, kv_head, m_block, warp, p.q_issuers, warp == 0);
   };
-  if (q_issuer() && field(0) <= field(2)) load_q_tma(field(0));
+  if (q_issuer && field(0) <= field(2)) load_q_tma(field(0));
   uint32_t q_phase = 0;
 
   // Output of a finished request, O already normalised (1/l folded in): unsplit requests write
   // out in q's dtype, split ones their fp32 partial for the combine. (Its 64 KB of stores hold
   // both warpgroups ~4-6k clocks at a request boundary; deferring them under the next request's
   // first QK^T kept O live across requests and spilled 1.9 KB: NOTES.md session 8.)
-  auto write_out = [&](int rr, bool single, const float (&inv)[2]) {
+  auto write_out = [&](int rr, bool single) {
     auto out_row = [&](int i) {  // this warpgroup's half of row i in out
       const int grow = m_block * 64 + row_of[i];
       const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
@@ -665,7 +642,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       // (Every lane takes part in the quads' shuffles; rows past the request's skip the store.)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        store_row_16B<Element>(out_row(i), O, i, inv[i], lane % 4, m_block * 64 + row_of[i] < p.rows);
+        store_row_16B<Element>(out_row(i), O, i, 1.f, lane % 4, m_block * 64 + row_of[i] < p.rows);
       }
       return;
     }
@@ -675,23 +652,21 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       if (grow >= p.rows) continue;
       if (single) {
         if (p.output_stores != 1) continue;
-        // Columns 8 nb + 2 q, + 1 of n-block nb: one base and constant offsets (addresses
-        // from the identity tensor took a register pair a store).
-        char* out = out_row(i) + (lane % 4) * 4;
+        char* out = out_row(i);
 #pragma unroll
-        for (int nb = 0; nb < size<1>(O) / 2; ++nb) {
-          *reinterpret_cast<uint32_t*>(out + nb * 16) =
-              pack2<Element>(O(i, 2 * nb) * inv[i], O(i, 2 * nb + 1) * inv[i]);
+        for (int j = 0; j < size<1>(O); j += 2) {
+          const int col = get<1>(cO_rc(i, j));
+          *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(i, j), O(i, j + 1));
         }
       } else {
         const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
         const int split = field(4) + (rr - field(0));
         const int64_t prow = (static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h;
-        float* out = p.o_accum + prow * Traits::kHeadDimV + wg * Traits::kVHalfDims + (lane % 4) * 2;
+        float* out = p.o_accum + prow * Traits::kHeadDimV + wg * Traits::kVHalfDims;
 #pragma unroll
-        for (int nb = 0; nb < size<1>(O) / 2; ++nb) {
-          *reinterpret_cast<float2*>(out + nb * 8) =
-              make_float2(O(i, 2 * nb) * inv[i], O(i, 2 * nb + 1) * inv[i]);
+        for (int j = 0; j < size<1>(O); j += 2) {
+          const int col = get<1>(cO_rc(i, j));
+          *reinterpret_cast<float2*>(out + col) = make_float2(O(i, j), O(i, j + 1));
         }
       }
     }
@@ -913,20 +888,20 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l_run[i] = quad_sum(l_run[i]);
-      if (row_leader()) smem.row_sum[wg][row_of[i]] = l_run[i];
+      if (row_leader) smem.row_sum[wg][row_of[i]] = l_run[i];
     }
     bar_sync(kBarEpilogue, 256);
     trace.mark_request(p, wg, r - field(0), 5);
+    if (q_issuer && r < field(2)) load_q_tma(r + 1);
     const bool single = n_splits == 1;
-    // (Output staged in Q's buffer: the next Q is loaded after the store, write_out.)
-    if (q_issuer() && r < field(2) && !(single && p.output_stores == 3)) load_q_tma(r + 1);
-    float inv[2];  // 1 / row sum, applied as the output is packed
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int grow = m_block * 64 + row_of[i];
       const float l = smem.row_sum[0][row_of[i]] + smem.row_sum[1][row_of[i]];
-      inv[i] = l > 0.f ? 1.f / l : 0.f;
-      if (grow >= p.rows || !(wg == 0 && row_leader())) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= inv;
+      if (grow >= p.rows || !(wg == 0 && row_leader)) continue;
       const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
       const float lse = l > 0.f ? m_run[i] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
       if (single) {
@@ -936,61 +911,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         p.lse_accum[(static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h] = lse;
       }
     }
-    if (single && p.output_stores == 3) {
-      // Staged in Q's buffer (free: every QK^T of the request is done) as 8 pieces of 64 rows x
-      // 64 dims in the 128 B-swizzled layout TMA reads, by stmatrix (each 8 x 8 block of the
-      // accumulator as it sits in the registers), then stored by TMA from one thread: the warps
-      // go on at once instead of waiting on their own stores. Q(r + 1) is loaded into the
-      // buffer once the store has read it; the map clips rows past the request's.
-      const uint32_t buffer = static_cast<uint32_t>(__cvta_generic_to_shared(smem.q));
-      const int row_base = row_of[0] - lane / 4;  // this warp's 16 rows
-      const int mat = lane / 8;                   // the 8 x 8 matrix this lane addresses
-      const int row = row_base + lane % 8 + 8 * (mat & 1);
-      // n-block nb + (mat >> 1) of this warpgroup's half sits in piece 4 wg + nb / 8 (nb even),
-      // chunk nb % 8 + (mat >> 1) of the row, swizzled by row % 8: 4 chunk offsets, the rest
-      // constants (16 addresses held in registers spilled).
-      const uint32_t base =
-          buffer + wg * (Traits::kNumVPieces / 2) * (Traits::kQPieceElems * 2) + row * 128;
-      uint32_t chunk_off[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) chunk_off[k] = ((2 * k + (mat >> 1)) ^ (row & 7)) << 4;
-#pragma unroll
-      for (int nb = 0; nb < size<1>(O) / 2; nb += 2) {
-        const uint32_t addr =
-            base + (nb / 8) * (Traits::kQPieceElems * 2) + chunk_off[(nb % 8) / 2];
-        // Packed one stmatrix at a time: ptxas hoisted all 64 packs ahead of the stmatrix and
-        // spilled (the volatile asm keeps this iteration's values behind the last stmatrix).
-        asm volatile("" : "+f"(O(0, 2 * nb)), "+f"(O(0, 2 * nb + 1)), "+f"(O(1, 2 * nb)),
-                     "+f"(O(1, 2 * nb + 1)), "+f"(O(0, 2 * nb + 2)), "+f"(O(0, 2 * nb + 3)),
-                     "+f"(O(1, 2 * nb + 2)), "+f"(O(1, 2 * nb + 3)));
-        stmatrix_x4(addr, pack2<Element>(O(0, 2 * nb) * inv[0], O(0, 2 * nb + 1) * inv[0]),
-                    pack2<Element>(O(1, 2 * nb) * inv[1], O(1, 2 * nb + 1) * inv[1]),
-                    pack2<Element>(O(0, 2 * nb + 2) * inv[0], O(0, 2 * nb + 3) * inv[0]),
-                    pack2<Element>(O(1, 2 * nb + 2) * inv[1], O(1, 2 * nb + 3) * inv[1]));
-      }
-      fence_async_smem();
-      bar_sync(kBarOutput, 256);
-      if (wg == 0 && t == 0) {
-        const int row0 = m_block * Traits::kBlockM;
-        const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
-        const char* staged = reinterpret_cast<const char*>(smem.q);
-#pragma unroll 1
-        for (int c = 0; c < Traits::kNumVPieces; ++c) {
-          cute::SM90_TMA_STORE_5D::copy(&p.tma_out, staged + c * (Traits::kQPieceElems * 2),
-                                        c * Traits::kPieceDims, head0, kv_head, s0, r);
-        }
-        cute::tma_store_arrive();
-        cute::tma_store_wait<0>();  // the buffer is read: Q may land in it
-        if (r < field(2)) issue_q<Traits>(p, smem, r + 1, kv_head, m_block, 0, 1, true);
-      }
-    } else {
-      write_out(r, single, inv);
-    }
+    write_out(r, single);
     trace.mark_request(p, wg, r - field(0), 6);
-  }
-  // TMA stores of the output must be complete before the CTA's shared memory goes away.
-  if (p.output_stores == 3 && wg == 0 && t == 0) {
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
   return pair;
 }
