@@ -52,7 +52,6 @@ enum : uint32_t {
   kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
   kBarWg1 = 5,       // inside WG1 (128)
   kBarEpilogue = 6,  // row sums exchanged (256)
-  kBarOutput = 7,    // output staged in Q's buffer (256; output_stores 3)
 };
 
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
@@ -522,15 +521,6 @@ __device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, flo
   }
 }
 
-// Four 8 x 8 blocks of 16-bit values into shared memory: register k of a lane is its (row lane / 4,
-// columns 2 (lane % 4), + 1) of block k, and lanes 8 k .. 8 k + 7 give block k's row addresses.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
-                                            uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
-}
-
 // Q rows of (request, kv head, m_block) into smem; rows past the request's rows are zero.
 template <class Traits>
 __device__ __forceinline__ void load_q(const DenseDecodeParams& p, typename Traits::Element* sQ,
@@ -615,13 +605,9 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   Tensor tOcO = thr_pv.partition_C(cO);
   Tensor cO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (2,128) -> (row,dim)
 
-  // Rows (in the 64-row block) this thread holds: 16 (warp in its warpgroup) + lane / 4, + 8
-  // (the accumulator's layout). From the thread index where used: two registers held across
-  // the walk were spilled once the staged output path was added.
-  auto row_of = [](int i) {
-    const int t_ = static_cast<int>(threadIdx.x % 128);
-    return (t_ / 32) * 16 + (t_ % 32) / 4 + 8 * i;
-  };
+  int row_of[2];  // rows (in the 64-row block) this thread holds
+#pragma unroll
+  for (int i = 0; i < 2; ++i) row_of[i] = get<0>(cS_rc(i, 0));
   const bool row_leader = (lane % 4) == 0;  // one of the 4 threads sharing a row writes stats
   const float sl2 = p.scale_log2;
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
@@ -647,7 +633,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // first QK^T kept O live across requests and spilled 1.9 KB: NOTES.md session 8.)
   auto write_out = [&](int rr, bool single) {
     auto out_row = [&](int i) {  // this warpgroup's half of row i in out
-      const int grow = m_block * 64 + row_of(i);
+      const int grow = m_block * 64 + row_of[i];
       const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
       return static_cast<char*>(p.out) + (rr * p.out_stride_b + s * p.out_stride_s +
                                           h * p.out_stride_h + wg * Traits::kVHalfDims) * 2;
@@ -656,13 +642,13 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       // (Every lane takes part in the quads' shuffles; rows past the request's skip the store.)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        store_row_16B<Element>(out_row(i), O, i, 1.f, lane % 4, m_block * 64 + row_of(i) < p.rows);
+        store_row_16B<Element>(out_row(i), O, i, 1.f, lane % 4, m_block * 64 + row_of[i] < p.rows);
       }
       return;
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int grow = m_block * 64 + row_of(i);
+      const int grow = m_block * 64 + row_of[i];
       if (grow >= p.rows) continue;
       if (single) {
         if (p.output_stores != 1) continue;
@@ -705,7 +691,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     int limit[2];  // keys >= limit are masked (piece end, causal)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int grow = m_block * 64 + row_of(i);
+      const int grow = m_block * 64 + row_of[i];
       limit[i] = piece.tok_end;
       if (p.causal && grow < p.rows) {
         limit[i] = min(limit[i], piece.seqlen - p.s_q + grow / p.group + 1);
@@ -902,24 +888,19 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l_run[i] = quad_sum(l_run[i]);
-      if (row_leader) smem.row_sum[wg][row_of(i)] = l_run[i];
+      if (row_leader) smem.row_sum[wg][row_of[i]] = l_run[i];
     }
     bar_sync(kBarEpilogue, 256);
     trace.mark_request(p, wg, r - field(0), 5);
+    if (q_issuer && r < field(2)) load_q_tma(r + 1);
     const bool single = n_splits == 1;
-    // (Output staged in Q's buffer: the next Q is loaded after the store, below.)
-    if (q_issuer && r < field(2) && !(single && p.output_stores == 3)) load_q_tma(r + 1);
-    const bool staged = single && p.output_stores == 3;  // 1/l applied as it is packed
-    float inv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int grow = m_block * 64 + row_of(i);
-      const float l = smem.row_sum[0][row_of(i)] + smem.row_sum[1][row_of(i)];
-      inv[i] = l > 0.f ? 1.f / l : 0.f;
-      if (!staged) {
+      const int grow = m_block * 64 + row_of[i];
+      const float l = smem.row_sum[0][row_of[i]] + smem.row_sum[1][row_of[i]];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-        for (int j = 0; j < size<1>(O); ++j) O(i, j) *= inv[i];
-      }
+      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= inv;
       if (grow >= p.rows || !(wg == 0 && row_leader)) continue;
       const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
       const float lse = l > 0.f ? m_run[i] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
@@ -930,56 +911,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         p.lse_accum[(static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h] = lse;
       }
     }
-    if (staged) {
-      // Staged in Q's buffer (free: every QK^T of the request is done) as 8 pieces of 64 rows x
-      // 64 dims in the 128 B-swizzled layout TMA reads, by stmatrix (each 8 x 8 block of the
-      // accumulator as it sits in the registers), then stored by TMA from one thread: the warps
-      // go on at once instead of waiting on their own stores. Q(r + 1) is loaded into the
-      // buffer once the store has read it; the map clips rows past the request's.
-      const uint32_t buffer = static_cast<uint32_t>(__cvta_generic_to_shared(smem.q));
-      const int row_base = row_of(0) - lane / 4;  // this warp's 16 rows
-      const int mat = lane / 8;                   // the 8 x 8 matrix this lane addresses
-      const int row = row_base + lane % 8 + 8 * (mat & 1);
-      // n-block nb + (mat >> 1) of this warpgroup's half sits in piece 4 wg + nb / 8 (nb even),
-      // chunk nb % 8 + (mat >> 1) of the row, swizzled by row % 8: 4 chunk offsets, the rest
-      // constants (16 addresses held in registers spilled).
-      const uint32_t base =
-          buffer + wg * (Traits::kNumVPieces / 2) * (Traits::kQPieceElems * 2) + row * 128;
-      uint32_t chunk_off[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) chunk_off[k] = ((2 * k + (mat >> 1)) ^ (row & 7)) << 4;
-#pragma unroll
-      for (int nb = 0; nb < size<1>(O) / 2; nb += 2) {
-        const uint32_t addr =
-            base + (nb / 8) * (Traits::kQPieceElems * 2) + chunk_off[(nb % 8) / 2];
-        stmatrix_x4(addr, pack2<Element>(O(0, 2 * nb) * inv[0], O(0, 2 * nb + 1) * inv[0]),
-                    pack2<Element>(O(1, 2 * nb) * inv[1], O(1, 2 * nb + 1) * inv[1]),
-                    pack2<Element>(O(0, 2 * nb + 2) * inv[0], O(0, 2 * nb + 3) * inv[0]),
-                    pack2<Element>(O(1, 2 * nb + 2) * inv[1], O(1, 2 * nb + 3) * inv[1]));
-      }
-      fence_async_smem();
-      bar_sync(kBarOutput, 256);
-      if (wg == 0 && t == 0) {
-        const int row0 = m_block * Traits::kBlockM;
-        const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
-        const char* staged = reinterpret_cast<const char*>(smem.q);
-#pragma unroll 1
-        for (int c = 0; c < Traits::kNumVPieces; ++c) {
-          cute::SM90_TMA_STORE_5D::copy(&p.tma_out, staged + c * (Traits::kQPieceElems * 2),
-                                        c * Traits::kPieceDims, head0, kv_head, s0, r);
-        }
-        cute::tma_store_arrive();
-        cute::tma_store_wait<0>();  // the buffer is read: Q may land in it
-        if (r < field(2)) issue_q<Traits>(p, smem, r + 1, kv_head, m_block, 0, 1, true);
-      }
-    } else {
-      write_out(r, single);
-    }
+    write_out(r, single);
     trace.mark_request(p, wg, r - field(0), 6);
-  }
-  // TMA stores of the output must be complete before the CTA's shared memory goes away.
-  if (p.output_stores == 3 && wg == 0 && t == 0) {
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
   return pair;
 }

@@ -143,13 +143,11 @@ Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape
 // q as (dim, head in group, kv head, token, request) for TMA (params.h tma_q): only when one box
 // is a whole Q piece (the group divides 64 or 64 divides it). Returns false to keep the
 // compute threads' loads.
-// q (dim d_qk) or out (dim d_v) as the 5-D map of DenseDecodeParams::tma_q.
 bool encode_q_map(const TensorView& q, const core::DenseDecodeShape& shape, int64_t group,
                   CUtensorMap* map) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr || q.data == nullptr || !(group % 64 == 0 || 64 % group == 0)) return false;
-  if (!strides_aligned(q, 8)) return false;
-  cuuint64_t dims[5] = {static_cast<cuuint64_t>(q.shape[3]), static_cast<cuuint64_t>(group),
+  cuuint64_t dims[5] = {static_cast<cuuint64_t>(shape.d_qk), static_cast<cuuint64_t>(group),
                         static_cast<cuuint64_t>(shape.h_kv), static_cast<cuuint64_t>(shape.s_q),
                         static_cast<cuuint64_t>(shape.batch)};
   cuuint64_t strides[4];
@@ -299,12 +297,9 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.out_stride_b = args.out.strides[0];
   params.out_stride_s = args.out.strides[1];
   params.out_stride_h = args.out.strides[2];
-  params.output_stores = tuning.output_stores;
-  if (params.output_stores == 3 &&
-      !(params.q_tma && encode_q_map(args.out, shape, shape.h_q / shape.h_kv, &params.tma_out))) {
-    params.output_stores = 2;
-  }
-  if (params.output_stores == 2 && !strides_aligned(args.out, 8)) params.output_stores = 1;
+  params.output_stores = tuning.output_stores == 2 && !strides_aligned(args.out, 8)
+                             ? 1
+                             : tuning.output_stores;
   params.q_issuers = tuning.q_issuers < 1 ? 1 : (tuning.q_issuers > 8 ? 8 : tuning.q_issuers);
   params.lse = args.lse.data_as<float>();
   params.lse_stride_b = args.lse.strides[0];

@@ -45,10 +45,9 @@ struct DenseDecodeTuning {
   // Q by TMA (one thread, issued for the next request during the current one's epilogue) where
   // the head group divides 64 or 64 divides it (1), or always by the compute threads' loads (0).
   int q_tma = 1;
-  // Output of unsplit requests staged in Q's shared memory and stored by TMA where out's layout
-  // allows (3), by 16-byte stores where out's data and strides allow (2), by 4-byte stores (1),
-  // or not written at all (0: timing diagnostics only, the output is garbage).
-  int output_stores = 3;
+  // Output of unsplit requests by 16-byte stores where out's data and strides allow (2), by 4-byte
+  // stores (1), or not written at all (0: timing diagnostics only, the output is garbage).
+  int output_stores = 2;
   // Compute warps issuing Q's TMA boxes (1-8): one thread streams only ~32 GB/s into an SM.
   int q_issuers = 8;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split

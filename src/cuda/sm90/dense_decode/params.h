@@ -17,17 +17,14 @@ struct DenseDecodeParams {
   // of a CTA's Q (row = token * group + head in group). Only when the group divides 64 or 64
   // divides the group (q_tma = 1); otherwise the compute threads load Q (q_tma = 0).
   CUtensorMap tma_q;
-  // out as the same kind of 5-D map (dim 512), for output_stores 3.
-  CUtensorMap tma_out;
   int q_tma;
 
   const void* q;  // [b, s_q, h_q, d_qk]
   int64_t q_stride_b, q_stride_s, q_stride_h;
   void* out;  // [b, s_q, h_q, 512]
   int64_t out_stride_b, out_stride_s, out_stride_h;
-  // How a request with one split writes out: 3 = staged in Q's buffer and stored by TMA (needs
-  // q_tma and tma_out), 2 = 16-byte stores (out 16-byte aligned with strides of 8 elements),
-  // 1 = 4-byte stores, 0 = not at all (timing diagnostics only).
+  // How a request with one split writes out: 2 = 16-byte stores (out 16-byte aligned with strides
+  // of 8 elements), 1 = 4-byte stores, 0 = not at all (timing diagnostics only).
   int output_stores;
   // Compute warps (1-8) issuing Q's TMA boxes.
   int q_issuers;
