@@ -483,15 +483,14 @@ __device__ __forceinline__ void load_p(const void* buf, TP& tOrP, int t) {
   }
 }
 
-// One row of this thread's half of O (row i of the accumulator, times `inv`) into `out` (the
-// row's first column of this warpgroup's half) as 16-byte stores. The 4 lanes of a quad hold the
+// One row of this thread's half of O (row i of the accumulator, already normalised) into `out`
+// (the row's first column of this warpgroup's half) as 16-byte stores. The 4 lanes of a quad hold the
 // row's n-blocks of 8 columns, 2 columns each (lane q: columns 8 nb + 2 q, + 1); a 4 x 4
 // transpose inside the quad per 4 n-blocks (4 shuffles) gives lane q all 8 columns of n-block
 // 4 g + q. Four times fewer store instructions than one 4-byte store a column pair, each a warp
 // writing 8 rows x 64 contiguous bytes. Every lane shuffles; only `store` lanes write.
 template <class Element, class TO>
-__device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, float inv, int q,
-                                              bool store) {
+__device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, int q, bool store) {
   using namespace cute;
   constexpr int kBlocks = size<1>(TO{}.layout()) / 2;  // n-blocks of 8 columns in the row
   static_assert(kBlocks % 4 == 0);
@@ -502,7 +501,7 @@ __device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, flo
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int j = 2 * (4 * g + k);
-      a[k] = pack2<Element>(O(i, j) * inv, O(i, j + 1) * inv);
+      a[k] = pack2<Element>(O(i, j), O(i, j + 1));
     }
     // M[lane][k] = lane's a[k]; lane q wants column q of M. Across lanes q ^ 2: keep the k with
     // bit 1 equal to q's, send the others.
@@ -642,7 +641,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       // (Every lane takes part in the quads' shuffles; rows past the request's skip the store.)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        store_row_16B<Element>(out_row(i), O, i, 1.f, lane % 4, m_block * 64 + row_of[i] < p.rows);
+        store_row_16B<Element>(out_row(i), O, i, lane % 4, m_block * 64 + row_of[i] < p.rows);
       }
       return;
     }
