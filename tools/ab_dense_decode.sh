@@ -94,7 +94,7 @@ case "${1:-}" in
         for round in 1 2 3; do
           for i in "${!benches[@]}"; do
             # the µs column of the single-shape row: | b | s_q | h_q | seqlen | µs | ...
-            us="$(OPENMLA_BENCH_KNOBS="${knobs[$i]}" OPENMLA_BENCH_SHAPE=$sh timeout 120 "${benches[$i]}" | tail -n 1 |
+            us="$(OPENMLA_BENCH_KNOBS="${knobs[$i]}" OPENMLA_BENCH_SHAPE=$sh timeout 120 "${benches[$i]}" | grep "^| " | tail -n 1 |
               awk -F'|' '{gsub(/ /, "", $6); print $6}')"
             times[$i]="${times[$i]:-} ${us:-nan}"
           done

@@ -36,9 +36,9 @@ for sh in "${shapes[@]}"; do
   {
     echo "===== shape s_q,h_q,seqlen = $sh"
     echo "-- normal cache"
-    OPENMLA_BENCH_SHAPE=$sh timeout 120 "$BENCH" | tail -n 1
+    OPENMLA_BENCH_SHAPE=$sh timeout 120 "$BENCH" | tail -n 2
     echo "-- L2-resident cache (256 blocks)"
-    OPENMLA_BENCH_L2_RESIDENT=256 OPENMLA_BENCH_SHAPE=$sh timeout 120 "$BENCH" | tail -n 1
+    OPENMLA_BENCH_L2_RESIDENT=256 OPENMLA_BENCH_SHAPE=$sh timeout 120 "$BENCH" | tail -n 2
     [[ "${NCU:-1}" != 0 ]] && echo "-- ncu (normal cache, one launch)" &&
     OPENMLA_BENCH_SHAPE=$sh timeout 180 ncu --clock-control none -k regex:dense_decode_kernel -c 1 \
       --metrics "$METRICS" "$BENCH" 2>&1 | grep -E '^\s+(sm__|smsp__|lts__|dram__|gpu__)' |

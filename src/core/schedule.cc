@@ -11,15 +11,23 @@
 // again), each request is covered exactly once and in order, and a request with no keys lands
 // whole in one worker (one empty split).
 //
+// That share plan is the fallback. Up to kScheduleGreedyMaxBatch requests the split plan is the
+// greedy deal of schedule_greedy.h at the smallest capacity that fits, which is at most
+// S + overhead: the share plan cuts requests where the shares end, so 32 requests of 64 blocks
+// over 66 workers (overhead 5) leave most workers two partial pieces (~29 + ~2 blocks, two fp32
+// partials to write), where the deal at capacity 37 gives 64 workers one half each.
+//
 // The whole-request plan moves each boundary x to the nearer end of the request it falls in
 // (its start when x - C_r < cost_r / 2, else its end), so no request is split; it is taken when
-// its busiest worker has at most S + overhead + combine_blocks units (schedule.h).
+// its busiest worker has at most combine_blocks units more than the split plan's (schedule.h).
 //
 // Reading a worker's metadata row {begin_request, begin_token, end_request, end_token, ...}:
 // it walks requests begin_request ..= end_request (end_request inclusive), request r over tokens
 // [r == begin_request ? begin_token : 0, r == end_request ? end_token : seqlen_r), one split
 // each, numbered from begin_split. An idle worker has begin_request > end_request.
 #include "core/schedule.h"
+
+#include "core/schedule_greedy.h"
 
 #include <algorithm>
 #include <vector>
@@ -54,11 +62,33 @@ void plan_decode_schedule_host(const int32_t* seqlens, int batch, int num_sm_par
       whole_request[w] = 2 * into < cost ? request : request + 1;
     }
   }
+  // The greedy deal at the smallest capacity that fits (schedule_greedy.h) replaces the share
+  // plan's boundaries; the share plan's busiest worker is at most share + overhead, where the
+  // deal always fits, so the candidates stop there (+ 1 to spare).
+  int64_t bound = share + overhead;  // the split plan's busiest worker, in cost units
+  if (batch <= kScheduleGreedyMaxBatch) {
+    auto request_blocks = [&](int64_t i) { return blocks(i); };
+    auto ignore = [](int64_t, int64_t, int64_t) {};
+    for (int64_t capacity = share; capacity <= share + overhead + 1; ++capacity) {
+      if (!deal_greedy(request_blocks, batch, parts, overhead, capacity, ignore)) continue;
+      std::fill(split_request.begin(), split_request.end(), batch);
+      std::fill(split_block.begin(), split_block.end(), 0);
+      deal_greedy(request_blocks, batch, parts, overhead, capacity,
+                  [&](int64_t w, int64_t r, int64_t k) {
+                    split_request[w] = r;
+                    split_block[w] = k;
+                  });
+      split_request[parts - 1] = batch;  // the last worker ends past every request
+      split_block[parts - 1] = 0;
+      bound = capacity;
+      break;
+    }
+  }
   int64_t busiest = 0;
   for (int64_t w = 0; w < parts; ++w) {
     busiest = std::max(busiest, start[whole_request[w]] - start[w > 0 ? whole_request[w - 1] : 0]);
   }
-  const bool whole = busiest <= share + overhead + std::max(combine_blocks, 0);
+  const bool whole = busiest <= bound + std::max(combine_blocks, 0);
 
   int64_t begin_request = 0, begin_block = 0, split = 0;
   num_splits[0] = 0;

@@ -1,13 +1,14 @@
 // Split-KV schedule planning on the host (the specification of the GPU planner; DESIGN §2.1).
 //
 // Work of request i is  blocks_i = ceil(seqlen_i / block_tokens)  plus a fixed cost per split
-// (`split_overhead_blocks`, the price of reloading q and writing a partial). The total is dealt in
-// equal shares over `num_sm_parts` workers in request order; a request that straddles a share
-// boundary is split there. Requests with seqlen 0 get one (empty) split so their output is written.
+// (`split_overhead_blocks`, the price of reloading q and writing a partial). Requests are dealt in
+// order over `num_sm_parts` workers, each filled up to the smallest capacity at which the deal
+// fits (schedule_greedy.h; above kScheduleGreedyMaxBatch requests, equal shares of the total); a
+// request that straddles a worker's end is split there. Requests with seqlen 0 get one (empty) split so their output is written.
 // Splitting has a price the shares do not see: fp32 partials written and read back by a combine
 // pass. So the planner also deals whole requests (each share boundary moved to the nearest
 // request boundary) and takes that plan when its busiest worker carries at most
-// `combine_blocks` more than the split plan's bound (share + overhead): then no request is split
+// `combine_blocks` more than the split plan's busiest worker: then no request is split
 // and the combine has nothing to do (equal-length batches at or above the worker count).
 #pragma once
 

@@ -2,10 +2,11 @@
 // invariants on random and edge-case lengths: every request's tokens covered exactly once and in
 // order, split boundaries on block_tokens multiples, num_splits consistent with the pieces,
 // begin_split the running split count, and every worker within one share + one overhead (+ the
-// combine price when the plan deals whole requests).
+// combine price when the plan deals whole requests); requests of two shares dealt in halves.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "common/test_data.h"
@@ -158,6 +159,30 @@ TEST(Schedule, WholeRequestsWhenSplittingDoesNotPay) {
   const Plan p = plan(lens, 66, 64);
   check_invariants(lens, 66, 64, p);
   EXPECT_GT(p.num_splits[128], 128);
+}
+
+// Requests of about two workers' shares are dealt in halves (one piece, one partial a worker),
+// not cut where equal shares end (most workers two pieces, ~29 + ~2 blocks).
+TEST(Schedule, DealsHalvesWhenRequestsAreTwoShares) {
+  for (const auto& [batch, len] : {std::pair{32, 4096}, std::pair{1, 131072}}) {
+    SCOPED_TRACE(::testing::Message() << batch << " x " << len);
+    const std::vector<int32_t> lens(batch, len);
+    const Plan p = plan(lens, 66, 64);
+    check_invariants(lens, 66, 64, p);
+    const int64_t pieces_per_request = 64 / batch;
+    for (int r = 0; r < batch; ++r) {
+      EXPECT_EQ(p.num_splits[r + 1] - p.num_splits[r], pieces_per_request) << "request " << r;
+    }
+    for (int w = 0; w < 66; ++w) {
+      const int32_t* m = p.metadata.data() + w * kScheduleMetadataInts;
+      if (w >= 64) {
+        EXPECT_GT(m[0], m[2]) << "worker " << w << " idle";
+        continue;
+      }
+      EXPECT_EQ(m[0], m[2]) << "worker " << w << ": one piece";
+      EXPECT_EQ(m[3] - m[1], len / pieces_per_request) << "worker " << w;
+    }
+  }
 }
 
 // The public entry point on CPU tensors plans the same schedule, for a strided seqlens view too.

@@ -7,12 +7,16 @@
 // (a prefix sum gives C_i), then each worker reads its two boundaries and a second prefix sum
 // over workers gives every worker's first split. Integer arithmetic as on the host (int64).
 // The whole-request plan's boundaries (the nearer end of the request a boundary falls in) come
-// from the same pass; a max over its workers' loads picks the plan, as on the host.
+// from the same pass; a max over its workers' loads picks the plan, as on the host. Up to
+// core::kScheduleGreedyMaxBatch requests the split boundaries are then replaced by the greedy
+// deal's (core/schedule_greedy.h), as on the host: candidate capacities in parallel, one thread
+// recording the smallest that fits.
 #include "cuda/common/decode_schedule.h"
 
 #include <string>
 
 #include "core/schedule.h"
+#include "core/schedule_greedy.h"
 #include "openmla/ops.h"
 
 namespace openmla::cuda {
@@ -123,6 +127,43 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   }
   __syncthreads();
 
+  // Up to kScheduleGreedyMaxBatch requests the split plan is the greedy deal at the smallest
+  // capacity that fits (core/schedule_greedy.h): one thread a candidate capacity, share ..
+  // share + overhead + 1 (the deal fits at share + overhead), then one thread records the deal.
+  int64_t bound = share + overhead;  // the split plan's busiest worker, in cost units
+  if (batch <= core::kScheduleGreedyMaxBatch) {
+    __shared__ int32_t request_blocks[core::kScheduleGreedyMaxBatch];
+    for (int64_t i = threadIdx.x; i < batch; i += kThreads) {
+      request_blocks[i] = static_cast<int32_t>(cost(i) - overhead);
+    }
+    __syncthreads();
+    auto blocks = [&](int64_t i) -> int64_t { return request_blocks[i]; };
+    auto ignore = [](int64_t, int64_t, int64_t) {};
+    int64_t best = -INT64_MAX;  // minus the smallest capacity that fits
+    for (int64_t t = threadIdx.x; t <= overhead + 1; t += kThreads) {
+      if (core::deal_greedy(blocks, batch, parts, overhead, share + t, ignore) &&
+          -(share + t) > best) {
+        best = -(share + t);
+      }
+    }
+    best = block_max(best, warp_sums);
+    if (best != -INT64_MAX) {
+      if (threadIdx.x == 0) {
+        for (int64_t w = 0; w < parts; ++w) {
+          end_request[w] = static_cast<int32_t>(batch);
+          end_block[w] = 0;
+        }
+        core::deal_greedy(blocks, batch, parts - 1, overhead, -best,
+                          [&](int64_t w, int64_t r, int64_t k) {
+                            end_request[w] = static_cast<int32_t>(r);
+                            end_block[w] = static_cast<int32_t>(k);
+                          });
+      }
+      __syncthreads();
+      bound = -best;
+    }
+  }
+
   // The whole plan's busiest worker decides between the plans.
   int64_t busiest = 0;
   for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
@@ -131,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   }
   busiest = block_max(busiest, warp_sums);
   const int64_t combine_blocks = p.combine_blocks > 0 ? p.combine_blocks : 0;
-  const bool whole = busiest <= share + overhead + combine_blocks;
+  const bool whole = busiest <= bound + combine_blocks;
   auto boundary_request = [&](int64_t w) -> int64_t {
     return whole ? whole_request[w] : end_request[w];
   };
