@@ -31,17 +31,25 @@ template <class Blocks, class Record>
 OPENMLA_HOST_DEVICE bool deal_greedy(const Blocks& blocks, int64_t batch, int64_t parts,
                                      int64_t overhead, int64_t capacity, const Record& record) {
   int64_t request = 0, done = 0;  // the next request and how many of its blocks are dealt
+  // Cost of the rest of `request` as one piece, and of the request after it: read one request
+  // ahead, so the GPU thread's shared-memory load is off the walk's dependency chain.
+  int64_t rest = batch > 0 ? blocks(0) + overhead : 0;
+  int64_t following = batch > 1 ? blocks(1) + overhead : 0;
   for (int64_t w = 0; w < parts && request < batch; ++w) {
     int64_t room = capacity;
     while (request < batch) {
-      const int64_t rest = blocks(request) - done + overhead;
       if (rest <= room) {
         room -= rest;
         ++request;
         done = 0;
+        rest = following;
+        following = request + 1 < batch ? blocks(request + 1) + overhead : 0;
         continue;
       }
-      if (room > overhead) done += room - overhead;  // split: room - overhead < blocks - done
+      if (room > overhead) {  // split: room - overhead < the blocks left
+        done += room - overhead;
+        rest -= room - overhead;
+      }
       break;
     }
     record(w, request, done);

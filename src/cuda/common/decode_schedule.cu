@@ -128,31 +128,51 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   __syncthreads();
 
   // Up to kScheduleGreedyMaxBatch requests the split plan is the greedy deal at the smallest
-  // capacity that fits (core/schedule_greedy.h): one thread a candidate capacity, share ..
-  // share + overhead + 1 (the deal fits at share + overhead), then one thread records the deal.
+  // capacity that fits (core/schedule_greedy.h). Candidates share .. share + overhead + 1 (the
+  // deal fits at share + overhead) run at once, one a warp (lane 0: a serial walk; lanes of one
+  // warp would diverge on it), each recording its boundaries in shared memory when they all fit
+  // there (else the winner's deal runs again, recording).
   int64_t bound = share + overhead;  // the split plan's busiest worker, in cost units
   if (batch <= core::kScheduleGreedyMaxBatch) {
+    constexpr int kRecordSlots = 2048;
     __shared__ int32_t request_blocks[core::kScheduleGreedyMaxBatch];
+    __shared__ int2 records[kRecordSlots];  // candidate t, worker w: (end request, end block)
+    __shared__ int32_t recorded[kWarps];    // workers recorded by each warp's last candidate
     for (int64_t i = threadIdx.x; i < batch; i += kThreads) {
       request_blocks[i] = static_cast<int32_t>(cost(i) - overhead);
     }
     __syncthreads();
+    const int64_t candidates = overhead + 2;
+    const bool inline_records = candidates <= kWarps && candidates * parts <= kRecordSlots;
     auto blocks = [&](int64_t i) -> int64_t { return request_blocks[i]; };
-    auto ignore = [](int64_t, int64_t, int64_t) {};
     int64_t best = -INT64_MAX;  // minus the smallest capacity that fits
-    for (int64_t t = threadIdx.x; t <= overhead + 1; t += kThreads) {
-      if (core::deal_greedy(blocks, batch, parts, overhead, share + t, ignore) &&
-          -(share + t) > best) {
-        best = -(share + t);
-      }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int64_t t = warp; t < candidates && lane == 0; t += kWarps) {
+      int2* mine = records + t * parts;
+      int32_t n = 0;
+      // A deal that fits ends its last recorded worker past every request, as the plan's last
+      // worker must.
+      const bool fits = core::deal_greedy(blocks, batch, parts, overhead, share + t,
+                                          [&](int64_t, int64_t r, int64_t k) {
+                                            if (inline_records) {
+                                              mine[n] = make_int2(static_cast<int32_t>(r),
+                                                                  static_cast<int32_t>(k));
+                                            }
+                                            ++n;
+                                          });
+      if (inline_records) recorded[t] = n;
+      if (fits && -(share + t) > best) best = -(share + t);
     }
     best = block_max(best, warp_sums);
     if (best != -INT64_MAX) {
-      if (threadIdx.x == 0) {
-        for (int64_t w = 0; w < parts; ++w) {
-          end_request[w] = static_cast<int32_t>(batch);
-          end_block[w] = 0;
-        }
+      const int64_t t = -best - share;
+      for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
+        const bool dealt = inline_records && w < recorded[t];
+        end_request[w] = dealt ? records[t * parts + w].x : static_cast<int32_t>(batch);
+        end_block[w] = dealt ? records[t * parts + w].y : 0;
+      }
+      __syncthreads();
+      if (!inline_records && threadIdx.x == 0) {
         core::deal_greedy(blocks, batch, parts - 1, overhead, -best,
                           [&](int64_t w, int64_t r, int64_t k) {
                             end_request[w] = static_cast<int32_t>(r);
