@@ -11,6 +11,7 @@
 
 #include "common/test_data.h"
 #include "core/schedule.h"
+#include "core/schedule_greedy.h"
 #include "openmla/openmla.h"
 
 namespace openmla::testing {
@@ -182,6 +183,50 @@ TEST(Schedule, DealsHalvesWhenRequestsAreTwoShares) {
       EXPECT_EQ(m[0], m[2]) << "worker " << w << ": one piece";
       EXPECT_EQ(m[3] - m[1], len / pieces_per_request) << "worker " << w;
     }
+  }
+}
+
+// The GPU planner walks the deal a worker at a time (decode_schedule.cu): a worker starting at x
+// on the line of C ends at x + capacity (- overhead inside a request), snapped to the start of
+// the request it falls in when at most the overhead in. This scalar mirror of that walk must give
+// the host deal's boundaries for every overhead and capacity, fitting or not.
+TEST(Schedule, WorkerJumpsGiveTheDealsBoundaries) {
+  Rng rng(11);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int64_t batch = rng.randint(0, 30);
+    const int64_t parts = rng.randint(1, 80);
+    const int64_t overhead = std::vector<int64_t>{0, 1, 5, 9}[rng.randint(0, 3)];
+    std::vector<int64_t> blocks(batch), prefix(batch + 1, 0);
+    for (int64_t i = 0; i < batch; ++i) {
+      blocks[i] = rng.coin(0.2) ? 0 : rng.randint(1, std::vector<int64_t>{3, 60, 900}[rng.randint(0, 2)]);
+      prefix[i + 1] = prefix[i] + blocks[i] + overhead;
+    }
+    const int64_t total = prefix[batch];
+    const int64_t capacity = rng.randint(0, total / parts + overhead + 3);
+    SCOPED_TRACE(::testing::Message() << "batch " << batch << " parts " << parts << " overhead "
+                                      << overhead << " capacity " << capacity);
+    std::vector<std::pair<int64_t, int64_t>> dealt, jumped;
+    const bool fits = core::deal_greedy([&](int64_t i) { return blocks[i]; }, batch, parts,
+                                        overhead, capacity, [&](int64_t, int64_t r, int64_t k) {
+                                          if (r < batch) dealt.emplace_back(r, k);
+                                        });
+    bool jump_fits = false;
+    int64_t x = 0, r = 0;
+    bool inside = false;
+    for (int64_t w = 0; w < parts; ++w) {
+      const int64_t target = x + capacity - (inside ? overhead : 0);
+      if (target >= total) {
+        jump_fits = true;
+        break;
+      }
+      while (r + 1 < batch && prefix[r + 1] <= target) ++r;
+      const int64_t into = target - prefix[r];
+      inside = into > overhead;
+      x = inside ? target : prefix[r];
+      jumped.emplace_back(r, inside ? into - overhead : 0);
+    }
+    EXPECT_EQ(fits, jump_fits);
+    EXPECT_EQ(dealt, jumped);
   }
 }
 

@@ -83,6 +83,8 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   auto cost = [&](int64_t i) {
     return (seqlen(i) + tokens_per_block - 1) / tokens_per_block + overhead;
   };
+  // C_i for the greedy deal (C_batch = total), up to core::kScheduleGreedyMaxBatch requests.
+  __shared__ int64_t prefix[core::kScheduleGreedyMaxBatch + 1];
   int64_t* whole_start = boundary;  // C at the whole plan's boundary w
   int32_t* end_request = reinterpret_cast<int32_t*>(boundary + parts);
   int32_t* end_block = end_request + parts;
@@ -109,6 +111,7 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
     int64_t chunk = 0;
     const int64_t begin = carry + block_exclusive_scan(c, warp_sums, &chunk);  // C_i
     carry += chunk;
+    if (i < batch && batch <= core::kScheduleGreedyMaxBatch) prefix[i] = begin;
     if (i < batch && c > 0 && share > 0) {
       const int64_t end = begin + c;  // C_{i+1}
       int64_t w_lo = (begin + share - 1) / share - 1;  // first w with x_w >= C_i
@@ -129,38 +132,60 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
 
   // Up to kScheduleGreedyMaxBatch requests the split plan is the greedy deal at the smallest
   // capacity that fits (core/schedule_greedy.h). Candidates share .. share + overhead + 1 (the
-  // deal fits at share + overhead) run at once, one a warp (lane 0: a serial walk; lanes of one
-  // warp would diverge on it), each recording its boundaries in shared memory when they all fit
-  // there (else the winner's deal runs again, recording).
+  // deal fits at share + overhead) run at once, one a warp, each recording its boundaries in
+  // shared memory when they all fit there (else the winner's deal runs again, recording).
+  //
+  // A warp walks the deal a worker at a time (not a request at a time, as the host does; the
+  // same boundaries): on the line of C, a worker starting at x ends at the target
+  // x + capacity (- overhead when x is inside a request: the continued piece pays it again).
+  // Inside request r (C_r <= target < C_{r+1}), more than the overhead in: a split at block
+  // target - C_r - overhead; else the worker stops before r (the host's "room <= overhead").
+  // At or past C_batch: every request is dealt. The lanes find r 32 requests at a time.
   int64_t bound = share + overhead;  // the split plan's busiest worker, in cost units
   if (batch <= core::kScheduleGreedyMaxBatch) {
     constexpr int kRecordSlots = 2048;
-    __shared__ int32_t request_blocks[core::kScheduleGreedyMaxBatch];
     __shared__ int2 records[kRecordSlots];  // candidate t, worker w: (end request, end block)
     __shared__ int32_t recorded[kWarps];    // workers recorded by each warp's last candidate
-    for (int64_t i = threadIdx.x; i < batch; i += kThreads) {
-      request_blocks[i] = static_cast<int32_t>(cost(i) - overhead);
-    }
+    if (threadIdx.x == 0) prefix[batch] = total;
     __syncthreads();
     const int64_t candidates = overhead + 2;
     const bool inline_records = candidates <= kWarps && candidates * parts <= kRecordSlots;
-    auto blocks = [&](int64_t i) -> int64_t { return request_blocks[i]; };
-    int64_t best = -INT64_MAX;  // minus the smallest capacity that fits
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int64_t t = warp; t < candidates && lane == 0; t += kWarps) {
+    // One candidate's walk; record(w, request, block) for each worker until the requests run
+    // out. Returns whether they ran out within the workers.
+    auto walk = [&](int64_t capacity, auto&& record) {
+      int64_t x = 0, r = 0;  // the next worker's start and the request holding it
+      bool inside = false;   // x is past the start of request r (a split)
+      for (int64_t w = 0; w < parts; ++w) {
+        const int64_t target = x + capacity - (inside ? overhead : 0);
+        if (target >= total) return true;
+        // The last request r' >= r with C_r' <= target (C_r <= x <= target; inside implies
+        // capacity > overhead, as only then does the deal split).
+        for (;;) {
+          const int64_t i = r + lane;
+          const int n = __popc(__ballot_sync(0xffffffffu, i < batch && prefix[i] <= target));
+          r += n - 1;
+          if (n < 32) break;
+          ++r;
+        }
+        const int64_t into = target - prefix[r];
+        inside = into > overhead;
+        x = inside ? target : prefix[r];
+        record(w, r, inside ? into - overhead : 0);
+      }
+      return false;
+    };
+    int64_t best = -INT64_MAX;  // minus the smallest capacity that fits
+    for (int64_t t = warp; t < candidates; t += kWarps) {
       int2* mine = records + t * parts;
       int32_t n = 0;
-      // A deal that fits ends its last recorded worker past every request, as the plan's last
-      // worker must.
-      const bool fits = core::deal_greedy(blocks, batch, parts, overhead, share + t,
-                                          [&](int64_t, int64_t r, int64_t k) {
-                                            if (inline_records) {
-                                              mine[n] = make_int2(static_cast<int32_t>(r),
-                                                                  static_cast<int32_t>(k));
-                                            }
-                                            ++n;
-                                          });
-      if (inline_records) recorded[t] = n;
+      const bool fits = walk(share + t, [&](int64_t w, int64_t r, int64_t k) {
+        if (inline_records && lane == 0) {
+          mine[w] = make_int2(static_cast<int32_t>(r), static_cast<int32_t>(k));
+        }
+        n = static_cast<int32_t>(w + 1);
+      });
+      if (inline_records && lane == 0) recorded[t] = n;
       if (fits && -(share + t) > best) best = -(share + t);
     }
     best = block_max(best, warp_sums);
@@ -172,12 +197,13 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
         end_block[w] = dealt ? records[t * parts + w].y : 0;
       }
       __syncthreads();
-      if (!inline_records && threadIdx.x == 0) {
-        core::deal_greedy(blocks, batch, parts - 1, overhead, -best,
-                          [&](int64_t w, int64_t r, int64_t k) {
-                            end_request[w] = static_cast<int32_t>(r);
-                            end_block[w] = static_cast<int32_t>(k);
-                          });
+      if (!inline_records && warp == 0) {
+        walk(-best, [&](int64_t w, int64_t r, int64_t k) {
+          if (lane == 0) {
+            end_request[w] = static_cast<int32_t>(r);
+            end_block[w] = static_cast<int32_t>(k);
+          }
+        });
       }
       __syncthreads();
       bound = -best;
