@@ -130,6 +130,15 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   }
   __syncthreads();
 
+  // The whole plan's busiest worker decides between the plans (below).
+  int64_t busiest = 0;
+  for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
+    const int64_t load = whole_start[w] - (w > 0 ? whole_start[w - 1] : 0);
+    busiest = load > busiest ? load : busiest;
+  }
+  busiest = block_max(busiest, warp_sums);
+  const int64_t combine_blocks = p.combine_blocks > 0 ? p.combine_blocks : 0;
+
   // Up to kScheduleGreedyMaxBatch requests the split plan is the greedy deal at the smallest
   // capacity that fits (core/schedule_greedy.h). Candidates share .. share + overhead + 1 (the
   // deal fits at share + overhead) run at once, one a warp, each recording its boundaries in
@@ -141,8 +150,10 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   // Inside request r (C_r <= target < C_{r+1}), more than the overhead in: a split at block
   // target - C_r - overhead; else the worker stops before r (the host's "room <= overhead").
   // At or past C_batch: every request is dealt. The lanes find r 32 requests at a time.
+  // No split plan has a busiest worker under the share: where the whole plan is within the
+  // combine price of that, it wins whatever the deal gives, and the walk is skipped (~10-25 µs).
   int64_t bound = share + overhead;  // the split plan's busiest worker, in cost units
-  if (batch <= core::kScheduleGreedyMaxBatch) {
+  if (batch <= core::kScheduleGreedyMaxBatch && busiest > share + combine_blocks) {
     constexpr int kRecordSlots = 2048;
     __shared__ int2 records[kRecordSlots];  // candidate t, worker w: (end request, end block)
     __shared__ int32_t recorded[kWarps];    // workers recorded by each warp's last candidate
@@ -154,7 +165,8 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
     // One candidate's walk; record(w, request, block) for each worker until the requests run
     // out. Returns whether they ran out within the workers.
     auto walk = [&](int64_t capacity, auto&& record) {
-      int64_t x = 0, r = 0;  // the next worker's start and the request holding it
+      int64_t x = 0;  // the next worker's start
+      int r = 0;      // the request holding it
       bool inside = false;   // x is past the start of request r (a split)
       for (int64_t w = 0; w < parts; ++w) {
         const int64_t target = x + capacity - (inside ? overhead : 0);
@@ -162,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
         // The last request r' >= r with C_r' <= target (C_r <= x <= target; inside implies
         // capacity > overhead, as only then does the deal split).
         for (;;) {
-          const int64_t i = r + lane;
+          const int i = r + lane;
           const int n = __popc(__ballot_sync(0xffffffffu, i < batch && prefix[i] <= target));
           r += n - 1;
           if (n < 32) break;
@@ -210,14 +222,6 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
     }
   }
 
-  // The whole plan's busiest worker decides between the plans.
-  int64_t busiest = 0;
-  for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
-    const int64_t load = whole_start[w] - (w > 0 ? whole_start[w - 1] : 0);
-    busiest = load > busiest ? load : busiest;
-  }
-  busiest = block_max(busiest, warp_sums);
-  const int64_t combine_blocks = p.combine_blocks > 0 ? p.combine_blocks : 0;
   const bool whole = busiest <= bound + combine_blocks;
   auto boundary_request = [&](int64_t w) -> int64_t {
     return whole ? whole_request[w] : end_request[w];
