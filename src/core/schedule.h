@@ -4,12 +4,14 @@
 // (`split_overhead_blocks`, the price of reloading q and writing a partial). Requests are dealt in
 // order over `num_sm_parts` workers, each filled up to the smallest capacity at which the deal
 // fits (schedule_greedy.h; above kScheduleGreedyMaxBatch requests, equal shares of the total); a
-// request that straddles a worker's end is split there. Requests with seqlen 0 get one (empty) split so their output is written.
-// Splitting has a price the shares do not see: fp32 partials written and read back by a combine
+// request that straddles a worker's end is split there. Requests with seqlen 0 get one (empty)
+// split so their output is written.
+// Splitting has a price the model does not see: fp32 partials written and read back by a combine
 // pass. So the planner also deals whole requests (each share boundary moved to the nearest
 // request boundary) and takes that plan when its busiest worker carries at most
-// `combine_blocks` more than the split plan's busiest worker: then no request is split
-// and the combine has nothing to do (equal-length batches at or above the worker count).
+// `combine_blocks` more than one share + one overhead (the equal-share plan's bound): then no
+// request is split and the combine has nothing to do (equal-length batches at or above the
+// worker count).
 #pragma once
 
 #include <cstdint>

@@ -142,6 +142,7 @@ TEST(Schedule, WholeRequestsWhenSplittingDoesNotPay) {
       {128, 1024, 132, true},   // one request a worker, 4 idle
       {128, 8192, 132, true},   //
       {128, 4096, 33, true},    // s_q 2, h_q 128: four requests a worker at most
+      {32, 1024, 66, true},     // halves would be capacity 13 against 21 whole, but run slower
       {128, 32768, 132, false}, // one whole request (517) is 10 units above share + overhead
       {4, 4096, 132, false},    // far fewer requests than workers: split
       {1, 131072, 66, false},

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   }
   __syncthreads();
 
-  // The whole plan's busiest worker decides between the plans (below).
+  // The whole plan's busiest worker decides between the plans.
   int64_t busiest = 0;
   for (int64_t w = threadIdx.x; w < parts; w += kThreads) {
     const int64_t load = whole_start[w] - (w > 0 ? whole_start[w - 1] : 0);
@@ -150,10 +150,10 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   // Inside request r (C_r <= target < C_{r+1}), more than the overhead in: a split at block
   // target - C_r - overhead; else the worker stops before r (the host's "room <= overhead").
   // At or past C_batch: every request is dealt. The lanes find r 32 requests at a time.
-  // No split plan has a busiest worker under the share: where the whole plan is within the
-  // combine price of that, it wins whatever the deal gives, and the walk is skipped (~10-25 µs).
-  int64_t bound = share + overhead;  // the split plan's busiest worker, in cost units
-  if (batch <= core::kScheduleGreedyMaxBatch && busiest > share + combine_blocks) {
+  // Whole requests when the busiest whole worker is within the combine price of the share
+  // plan's bound (as on the host); only a split plan needs the deal (its walk costs ~15 µs).
+  const bool whole = busiest <= share + overhead + combine_blocks;
+  if (!whole && batch <= core::kScheduleGreedyMaxBatch) {
     constexpr int kRecordSlots = 2048;
     __shared__ int2 records[kRecordSlots];  // candidate t, worker w: (end request, end block)
     __shared__ int32_t recorded[kWarps];    // workers recorded by each warp's last candidate
@@ -218,11 +218,9 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
         });
       }
       __syncthreads();
-      bound = -best;
     }
   }
 
-  const bool whole = busiest <= bound + combine_blocks;
   auto boundary_request = [&](int64_t w) -> int64_t {
     return whole ? whole_request[w] : end_request[w];
   };
