@@ -285,67 +285,38 @@ __device__ __forceinline__ void merge_splits(const DenseDecodeParams& p, Storage
         mx == -INFINITY ? INFINITY : mx + logf(sum);
   }
   bar_sync(kBarEpilogue, 256);
-  // 16 chunks of 8 dims a thread, 4 at a time with all their loads in flight (one chunk at a
-  // time, each a round trip, the merge took longer than the combine kernel: session 9 run 8).
-  constexpr int kChunks = 64 * kDimV / 8, kRound = 4;
-  static_assert(kChunks % (256 * kRound) == 0, "whole rounds");
-  using Element = typename Traits::Element;
+  constexpr int kChunks = 64 * kDimV / 8;  // 8 dims each
 #pragma unroll 1
-  for (int c0 = thread; c0 < kChunks; c0 += 256 * kRound) {
-    float4 acc[kRound][2];
-    int s_of[kRound], h_of[kRound];
-    bool live[kRound];
+  for (int c = thread; c < kChunks; c += 256) {
+    const int row = c / (kDimV / 8), col = (c % (kDimV / 8)) * 8;
+    if (m_block * 64 + row >= p.rows) continue;
+    int s, h;
+    coords(row, s, h);
+    const float* w = weight + row * kMaxSplits;
+    const float4* mine = reinterpret_cast<const float4*>(own + row * kDimV + col);
+    float4 a = mine[0], b = mine[1];
+    a = make_float4(w[0] * a.x, w[0] * a.y, w[0] * a.z, w[0] * a.w);
+    b = make_float4(w[0] * b.x, w[0] * b.y, w[0] * b.z, w[0] * b.w);
 #pragma unroll
-    for (int q = 0; q < kRound; ++q) {
-      const int c = c0 + q * 256, row = c / (kDimV / 8), col = (c % (kDimV / 8)) * 8;
-      live[q] = m_block * 64 + row < p.rows;
-      coords(row, s_of[q], h_of[q]);
-      const float w0 = weight[row * kMaxSplits];
-      const float4* mine = reinterpret_cast<const float4*>(own + row * kDimV + col);
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const float4 a = mine[x];
-        acc[q][x] = make_float4(w0 * a.x, w0 * a.y, w0 * a.z, w0 * a.w);
-      }
+    for (int k = 1; k < kMaxSplits; ++k) {
+      if (k >= n_splits) break;
+      const float4* src =
+          reinterpret_cast<const float4*>(p.o_accum + partial_row(k, s, h) * kDimV + col);
+      const float4 u = __ldcg(src), v = __ldcg(src + 1);
+      a.x += w[k] * u.x, a.y += w[k] * u.y, a.z += w[k] * u.z, a.w += w[k] * u.w;
+      b.x += w[k] * v.x, b.y += w[k] * v.y, b.z += w[k] * v.z, b.w += w[k] * v.w;
     }
-    for (int k = 1; k < n_splits; ++k) {
-      float4 u[kRound][2];
-#pragma unroll
-      for (int q = 0; q < kRound; ++q) {
-        const int c = c0 + q * 256, col = (c % (kDimV / 8)) * 8;
-        const float4* src = reinterpret_cast<const float4*>(
-            p.o_accum + partial_row(k, s_of[q], h_of[q]) * kDimV + col);
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          u[q][x] = live[q] ? __ldcg(src + x) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < kRound; ++q) {
-        const float w = weight[((c0 + q * 256) / (kDimV / 8)) * kMaxSplits + k];
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          acc[q][x].x += w * u[q][x].x, acc[q][x].y += w * u[q][x].y;
-          acc[q][x].z += w * u[q][x].z, acc[q][x].w += w * u[q][x].w;
-        }
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kRound; ++q) {
-      if (!live[q]) continue;
-      const int c = c0 + q * 256, col = (c % (kDimV / 8)) * 8;
-      uint32_t* out = reinterpret_cast<uint32_t*>(
-          static_cast<char*>(p.out) +
-          (r * p.out_stride_b + s_of[q] * p.out_stride_s + h_of[q] * p.out_stride_h + col) * 2);
-      const uint4 packed = make_uint4(pack2<Element>(acc[q][0].x, acc[q][0].y),
-                                      pack2<Element>(acc[q][0].z, acc[q][0].w),
-                                      pack2<Element>(acc[q][1].x, acc[q][1].y),
-                                      pack2<Element>(acc[q][1].z, acc[q][1].w));
-      if (p.output_stores == 2) {
-        *reinterpret_cast<uint4*>(out) = packed;
-      } else {
-        out[0] = packed.x, out[1] = packed.y, out[2] = packed.z, out[3] = packed.w;
-      }
+    uint32_t* out = reinterpret_cast<uint32_t*>(
+        static_cast<char*>(p.out) +
+        (r * p.out_stride_b + s * p.out_stride_s + h * p.out_stride_h + col) * 2);
+    const uint4 packed = make_uint4(pack2<typename Traits::Element>(a.x, a.y),
+                                    pack2<typename Traits::Element>(a.z, a.w),
+                                    pack2<typename Traits::Element>(b.x, b.y),
+                                    pack2<typename Traits::Element>(b.z, b.w));
+    if (p.output_stores == 2) {
+      *reinterpret_cast<uint4*>(out) = packed;
+    } else {
+      out[0] = packed.x, out[1] = packed.y, out[2] = packed.z, out[3] = packed.w;
     }
   }
 }

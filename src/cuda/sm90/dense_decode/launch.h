@@ -54,7 +54,7 @@ struct DenseDecodeTuning {
   // of a request's first split waits for the others' partials), not by combine.cu; 1 (or 0):
   // combine.cu merges every split request. (Only with a one-wave grid and m-blocks x kv heads
   // <= 12; otherwise 1.)
-  int merge_max_splits = 2;
+  int merge_max_splits = 4;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;
