@@ -405,9 +405,11 @@ TEST(DenseDecodeSchedule, GpuPlannerMatchesHost) {
     for (int& l : lens) l = static_cast<int>(rng.randint(0, rng.coin(0.1) ? 100000 : 5000));
     sets.push_back(lens);
   }
+  // Lines of cost units past 2^31 (block_tokens 1): the GPU deal's 64-bit walk.
+  sets.push_back({2147483000, 5, 2147483000, 77777});
   for (const auto& lens : sets) {
     for (int parts : {1, 3, 66, 132, 200, cuda::kMaxPlannerSmParts}) {
-      for (int block_tokens : {64, 16}) {
+      for (int block_tokens : {64, 16, 1}) {
         const int batch = static_cast<int>(lens.size());
         std::vector<int32_t> host_meta(parts * kScheduleMetadataInts), host_splits(batch + 1);
         core::plan_decode_schedule_host(lens.data(), batch, parts, block_tokens,

@@ -150,8 +150,9 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
   // Inside request r (C_r <= target < C_{r+1}), more than the overhead in: a split at block
   // target - C_r - overhead; else the worker stops before r (the host's "room <= overhead").
   // At or past C_batch: every request is dealt. The lanes find r 32 requests at a time.
+  //
   // Whole requests when the busiest whole worker is within the combine price of the share
-  // plan's bound (as on the host); only a split plan needs the deal (its walk costs ~15 µs).
+  // plan's bound (as on the host); only a split plan needs the deal.
   const bool whole = busiest <= share + overhead + combine_blocks;
   if (!whole && batch <= core::kScheduleGreedyMaxBatch) {
     constexpr int kRecordSlots = 2048;
@@ -163,35 +164,61 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
     const bool inline_records = candidates <= kWarps && candidates * parts <= kRecordSlots;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     // One candidate's walk; record(w, request, block) for each worker until the requests run
-    // out. Returns whether they ran out within the workers.
-    auto walk = [&](int64_t capacity, auto&& record) {
-      int64_t x = 0;  // the next worker's start
-      int r = 0;      // the request holding it
-      bool inside = false;   // x is past the start of request r (a split)
+    // out. Returns whether they ran out within the workers. Positions in T: int32 when the line
+    // is short enough (every real batch), which halves the walk's dependent chain of 64-bit
+    // adds and compares; C of the request found comes from the lane that read it (no second
+    // shared-memory round trip a worker).
+    const bool narrow = total + share + overhead + 2 < INT32_MAX;
+    auto walk = [&](auto zero, int64_t capacity_in, auto&& record) {
+      using T = decltype(zero);
+      const T capacity = static_cast<T>(capacity_in), over = static_cast<T>(overhead),
+              end = static_cast<T>(total);
+      auto c_of = [&](int i) -> T {
+        if constexpr (sizeof(T) == 4) {
+          return reinterpret_cast<const int32_t*>(prefix)[2 * i];  // the low word (< 2^31)
+        } else {
+          return prefix[i];
+        }
+      };
+      T x = 0;              // the next worker's start
+      int r = 0;            // the request holding it
+      bool inside = false;  // x is past the start of request r (a split)
       for (int64_t w = 0; w < parts; ++w) {
-        const int64_t target = x + capacity - (inside ? overhead : 0);
-        if (target >= total) return true;
+        const T target = x + capacity - (inside ? over : 0);
+        if (target >= end) return true;
         // The last request r' >= r with C_r' <= target (C_r <= x <= target; inside implies
-        // capacity > overhead, as only then does the deal split).
+        // capacity > overhead, as only then does the deal split), 32 requests at a time.
+        T c_r = 0, last = 0;  // C_r', and C of the last request of a full chunk
         for (;;) {
           const int i = r + lane;
-          const int n = __popc(__ballot_sync(0xffffffffu, i < batch && prefix[i] <= target));
+          const T v = i < batch ? c_of(i) : end;  // end > target
+          const int n = __popc(__ballot_sync(0xffffffffu, v <= target));
+          if (n == 0) {  // only after a full chunk: its last request
+            --r;
+            c_r = last;
+            break;
+          }
+          c_r = __shfl_sync(0xffffffffu, v, n - 1);
           r += n - 1;
           if (n < 32) break;
+          last = c_r;
           ++r;
         }
-        const int64_t into = target - prefix[r];
-        inside = into > overhead;
-        x = inside ? target : prefix[r];
-        record(w, r, inside ? into - overhead : 0);
+        const T into = target - c_r;
+        inside = into > over;
+        x = inside ? target : c_r;
+        record(w, r, static_cast<int64_t>(inside ? into - over : 0));
       }
       return false;
+    };
+    auto walk_any = [&](int64_t capacity, auto&& record) {
+      return narrow ? walk(int32_t{0}, capacity, record) : walk(int64_t{0}, capacity, record);
     };
     int64_t best = -INT64_MAX;  // minus the smallest capacity that fits
     for (int64_t t = warp; t < candidates; t += kWarps) {
       int2* mine = records + t * parts;
       int32_t n = 0;
-      const bool fits = walk(share + t, [&](int64_t w, int64_t r, int64_t k) {
+      const bool fits = walk_any(share + t, [&](int64_t w, int64_t r, int64_t k) {
         if (inline_records && lane == 0) {
           mine[w] = make_int2(static_cast<int32_t>(r), static_cast<int32_t>(k));
         }
@@ -210,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) plan_decode_schedule_kernel(const De
       }
       __syncthreads();
       if (!inline_records && warp == 0) {
-        walk(-best, [&](int64_t w, int64_t r, int64_t k) {
+        walk_any(-best, [&](int64_t w, int64_t r, int64_t k) {
           if (lane == 0) {
             end_request[w] = static_cast<int32_t>(r);
             end_block[w] = static_cast<int32_t>(k);
