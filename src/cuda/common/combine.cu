@@ -61,9 +61,9 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   const int r = blockIdx.y;
   const int first = p.num_splits[r * p.num_splits_stride];
   const int n = p.num_splits[(r + 1) * p.num_splits_stride] - first;
-  // One split, or few merged by the decode kernel: it wrote this request itself. (num_splits
-  // comes from the planner, which finished before the decode kernel, our primary, started.)
-  if (n <= 1 || n <= p.merged_max_splits) return;
+  // One split: the decode kernel wrote this request itself. (num_splits comes from the planner,
+  // which finished before the decode kernel, our primary, started.)
+  if (n <= 1) return;
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   __shared__ float4 part[kWarps][32 * kVec];  // G > 1: each warp's partial sums

@@ -29,8 +29,6 @@ struct DecodeCombineParams {
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
   int batch = 0, s_q = 0, h_q = 0;
   int warps_per_row = 1;  // 1, 2, 4 or 8 warps merge one row (decode_combine_warps_per_row)
-  // Requests of at most this many splits were merged by the decode kernel itself: skipped.
-  int merged_max_splits = 1;
 };
 
 // The warps per row for a schedule of `num_sm_parts` workers over `batch` requests: 1 when a

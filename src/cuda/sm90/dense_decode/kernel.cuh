@@ -52,7 +52,6 @@ enum : uint32_t {
   kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
   kBarWg1 = 5,       // inside WG1 (128)
   kBarEpilogue = 6,  // row sums exchanged (256)
-  kBarMerge = 7,     // producer warp 8 -> both compute WGs: the other splits' partials are in (288)
 };
 
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
@@ -189,170 +188,6 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
 // arrival, by the thread with `arrive`, expecting all of Q's bytes). This thread issues pieces
 // first, first + step, ...: one thread's TMA stream is capped by its boxes in flight (~32 GB/s
 // into an SM from DRAM), so Q's 72 KB come faster from several warps.
-// The merging CTA's wait (one thread) for the other splits of its request: the count's byte at
-// `shift` reaching `want`, read with acquire. Two launches sharing one schedule at once could
-// leave it short forever: trap after 2^24 sleeps (>= 4 s) rather than hang. (A globaltimer
-// deadline and __trap() here made ptxas spill 6 KB and serialise the wgmmas.)
-__device__ __forceinline__ void wait_count(const int* count, int shift, int want) {
-  for (uint32_t spins = 0;; ++spins) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-    if (((v >> shift) & 0xff) >= want) return;
-    __nanosleep(256);
-    if (spins > (1u << 24)) asm volatile("trap;");
-  }
-}
-
-// The CTA's last piece, when it is the first split of a request merged in this kernel: producer
-// warp 8 (idle once its loads are issued) waits for the other splits' partials and lets the
-// compute warpgroups on (kBarMerge). (A spin loop in the compute warpgroups, O live, made ptxas
-// spill 6 KB and serialise the wgmmas.) The test is consume's, on the same schedule fields.
-__device__ __forceinline__ void merge_wait(const DenseDecodeParams& p, const int32_t* range,
-                                           int lane) {
-  const int r = range[2];
-  if (r < range[0] || p.merge_max_splits < 2) return;
-  const int first_split = p.num_splits[r * p.num_splits_stride];
-  const int n_splits = p.num_splits[(r + 1) * p.num_splits_stride] - first_split;
-  if (n_splits < 2 || n_splits > p.merge_max_splits) return;
-  if (range[4] + (r - range[0]) != first_split) return;  // not the request's first split
-  if (lane == 0) {
-    const int key = blockIdx.y * gridDim.x + blockIdx.x;
-    const int* count = p.metadata + blockIdx.z * p.metadata_stride_part +
-                       (5 + key / 4) * p.metadata_stride_field;
-    wait_count(count, 8 * (key % 4), n_splits - 1);
-    __threadfence();
-  }
-  __syncwarp();
-  bar_arrive(kBarMerge, 288);
-}
-
-// The merge of a request's splits by the CTA of its first split (its last piece: the stages are
-// free). Its own O (normalised) goes to the stages as fp32 [64][512] and is dead from there on
-// (merging from registers, O live beside the loads, spilled 200-900 B); 64 threads weigh each
-// row's splits as combine.cu does (e^(lse - max), over their sum) and write the lse; then each
-// thread merges 16 chunks of 8 dims: own rows from shared memory, the others' partials .cg (other
-// SMs wrote them in this launch; not through this SM's L1), out by 16-byte stores.
-template <class Traits, class Storage, class TO, class TC>
-__device__ __forceinline__ void merge_splits(const DenseDecodeParams& p, Storage& smem, TO const& O,
-                                             TC const& cO_rc, const float (&m_run)[2], int r,
-                                             int first_split, int n_splits, int wg,
-                                             const int (&row_of)[2], bool row_leader) {
-  // (From the special registers, not arguments: kept live for this path, they spilled.)
-  const int thread = threadIdx.x, m_block = blockIdx.x, kv_head = blockIdx.y;
-  constexpr int kDimV = Traits::kHeadDimV, kMaxSplits = kMergeMaxSplits;
-  float* own = reinterpret_cast<float*>(smem.k);  // [64][512] fp32: 128 KB <= the stages
-  float* weight = reinterpret_cast<float*>(smem.stats1);  // [64][kMaxSplits], 1 KB
-  static_assert(sizeof(smem.k) >= 64 * kDimV * sizeof(float), "own rows fit the stages");
-  static_assert(sizeof(smem.stats1) >= 64 * kMaxSplits * sizeof(float), "weights fit");
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float* dst = own + row_of[i] * kDimV + wg * Traits::kVHalfDims;
-#pragma unroll
-    for (int j = 0; j < size<1>(O); j += 2) {
-      *reinterpret_cast<float2*>(dst + get<1>(cO_rc(i, j))) = make_float2(O(i, j), O(i, j + 1));
-    }
-    if (wg == 0 && row_leader) {  // this piece's lse (-inf: no key), read after kBarEpilogue
-      const float l = smem.row_sum[0][row_of[i]] + smem.row_sum[1][row_of[i]];
-      smem.row_sum[0][row_of[i]] = l > 0.f ? m_run[i] * p.scale + logf(l) : -INFINITY;
-    }
-  }
-  bar_sync(kBarEpilogue, 256);
-  auto coords = [&](int row, int& s, int& h) {
-    const int grow = m_block * 64 + row;
-    s = grow / p.group;
-    h = kv_head * p.group + grow % p.group;
-  };
-  auto partial_row = [&](int k, int s, int h) {  // row (s, h) of split first_split + k
-    return (static_cast<int64_t>(first_split + k) * p.s_q + s) * p.h_q + h;
-  };
-  if (thread < 64 && m_block * 64 + thread < p.rows) {
-    int s, h;
-    coords(thread, s, h);
-    float lse[kMaxSplits];
-    float mx = -INFINITY, sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits; ++k) {
-      lse[k] = k == 0 ? smem.row_sum[0][thread]
-                      : (k < n_splits ? __ldcg(p.lse_accum + partial_row(k, s, h)) : -INFINITY);
-      mx = fmaxf(mx, lse[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < kMaxSplits; ++k) {
-      lse[k] = lse[k] == -INFINITY ? 0.f : __expf(lse[k] - mx);  // now the weight
-      sum += lse[k];
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits; ++k) weight[thread * kMaxSplits + k] = lse[k] * inv;
-    p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] =
-        mx == -INFINITY ? INFINITY : mx + logf(sum);
-  }
-  bar_sync(kBarEpilogue, 256);
-  // 16 chunks of 8 dims a thread, 4 at a time with all their loads in flight (one chunk at a
-  // time, each a round trip, the merge took longer than the combine kernel: session 9 run 8).
-  constexpr int kChunks = 64 * kDimV / 8, kRound = 4;
-  static_assert(kChunks % (256 * kRound) == 0, "whole rounds");
-  using Element = typename Traits::Element;
-#pragma unroll 1
-  for (int c0 = thread; c0 < kChunks; c0 += 256 * kRound) {
-    float4 acc[kRound][2];
-    int s_of[kRound], h_of[kRound];
-    bool live[kRound];
-#pragma unroll
-    for (int q = 0; q < kRound; ++q) {
-      const int c = c0 + q * 256, row = c / (kDimV / 8), col = (c % (kDimV / 8)) * 8;
-      live[q] = m_block * 64 + row < p.rows;
-      coords(row, s_of[q], h_of[q]);
-      const float w0 = weight[row * kMaxSplits];
-      const float4* mine = reinterpret_cast<const float4*>(own + row * kDimV + col);
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const float4 a = mine[x];
-        acc[q][x] = make_float4(w0 * a.x, w0 * a.y, w0 * a.z, w0 * a.w);
-      }
-    }
-    for (int k = 1; k < n_splits; ++k) {
-      float4 u[kRound][2];
-#pragma unroll
-      for (int q = 0; q < kRound; ++q) {
-        const int c = c0 + q * 256, col = (c % (kDimV / 8)) * 8;
-        const float4* src = reinterpret_cast<const float4*>(
-            p.o_accum + partial_row(k, s_of[q], h_of[q]) * kDimV + col);
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          u[q][x] = live[q] ? __ldcg(src + x) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < kRound; ++q) {
-        const float w = weight[((c0 + q * 256) / (kDimV / 8)) * kMaxSplits + k];
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          acc[q][x].x += w * u[q][x].x, acc[q][x].y += w * u[q][x].y;
-          acc[q][x].z += w * u[q][x].z, acc[q][x].w += w * u[q][x].w;
-        }
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kRound; ++q) {
-      if (!live[q]) continue;
-      const int c = c0 + q * 256, col = (c % (kDimV / 8)) * 8;
-      uint32_t* out = reinterpret_cast<uint32_t*>(
-          static_cast<char*>(p.out) +
-          (r * p.out_stride_b + s_of[q] * p.out_stride_s + h_of[q] * p.out_stride_h + col) * 2);
-      const uint4 packed = make_uint4(pack2<Element>(acc[q][0].x, acc[q][0].y),
-                                      pack2<Element>(acc[q][0].z, acc[q][0].w),
-                                      pack2<Element>(acc[q][1].x, acc[q][1].y),
-                                      pack2<Element>(acc[q][1].z, acc[q][1].w));
-      if (p.output_stores == 2) {
-        *reinterpret_cast<uint4*>(out) = packed;
-      } else {
-        out[0] = packed.x, out[1] = packed.y, out[2] = packed.z, out[3] = packed.w;
-      }
-    }
-  }
-}
-
 template <class Traits>
 __device__ __forceinline__ void issue_q(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int r, int kv_head,
@@ -783,18 +618,12 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // epilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
   // request boundary; issued earlier, by the producer warps right after the last QK^T, or
   // prefetched into L2, it measured no better: NOTES.md session 8.)
-  // (Whether this thread issues, from %tid at each use: kept as flags across the pairs, they
-  // were spilled once the merge path was in.)
-  auto q_issuer = [&] {
-    uint32_t tid;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-    return p.q_tma && tid % 32 == 0 && static_cast<int>(tid / 32) < p.q_issuers;
-  };
+  const int warp = thread / 32;  // 0-7 over both warpgroups
+  const bool q_issuer = p.q_tma && lane == 0 && warp < p.q_issuers;
   auto load_q_tma = [&](int r) {
-    const int warp = threadIdx.x / 32;  // 0-7 over both warpgroups
     issue_q<Traits>(p, smem, r, kv_head, m_block, warp, p.q_issuers, warp == 0);
   };
-  if (q_issuer() && field(0) <= field(2)) load_q_tma(field(0));
+  if (q_issuer && field(0) <= field(2)) load_q_tma(field(0));
   uint32_t q_phase = 0;
 
   // Output of a finished request, O already normalised (1/l folded in): unsplit requests write
@@ -845,8 +674,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   for (int r = field(0); r <= field(2); ++r) {
     const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
     const int n_tiles = piece.num_tiles();
-    // (At the request's top, off the epilogue's path; session 9 run 11 read them after the
-    // pairs, two dependent loads on every boundary.)
     const int first_split = p.num_splits[r * p.num_splits_stride];
     const int n_splits = p.num_splits[(r + 1) * p.num_splits_stride] - first_split;
 
@@ -1064,15 +891,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     }
     bar_sync(kBarEpilogue, 256);
     trace.mark_request(p, wg, r - field(0), 5);
-    if (r < field(2) && q_issuer()) load_q_tma(r + 1);
+    if (q_issuer && r < field(2)) load_q_tma(r + 1);
     const bool single = n_splits == 1;
-    // A request of 2..p.merge_max_splits splits is merged here, by the CTA of its first split
-    // (always the last piece of its worker, so the others are done by then or soon): the others
-    // write their partials and count themselves in; it waits for them (merge_wait), merges and
-    // writes out.
-    const int piece_split = field(4) + (r - field(0)) - first_split;  // 0 .. n_splits - 1
-    const bool merged = !single && n_splits <= p.merge_max_splits;
-    const bool merger = merged && piece_split == 0 && r == field(2);  // always its last piece
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int grow = m_block * 64 + row_of[i];
@@ -1080,7 +900,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
       for (int j = 0; j < size<1>(O); ++j) O(i, j) *= inv;
-      if (grow >= p.rows || !(wg == 0 && row_leader) || merger) continue;
+      if (grow >= p.rows || !(wg == 0 && row_leader)) continue;
       const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
       const float lse = l > 0.f ? m_run[i] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
       if (single) {
@@ -1090,26 +910,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         p.lse_accum[(static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h] = lse;
       }
     }
-    if (merger) {
-      bar_sync(kBarMerge, 288);  // producer warp 8 waited for the others' count (merge_wait)
-      merge_splits<Traits>(p, smem, O, cO_rc, m_run, r, first_split, n_splits, wg, row_of,
-                           row_leader);
-    } else {
-      write_out(r, single);
-    }
-    if (merged) {
-      // The count of written partials: a byte of the first split's worker's metadata row
-      // (fields 5-7, zero from the planner, back to zero after each merge).
-      const int key = kv_head * gridDim.x + m_block;
-      int* count = p.metadata + (blockIdx.z - piece_split) * p.metadata_stride_part +
-                   (5 + key / 4) * p.metadata_stride_field;
-      const int one = 1 << (8 * (key % 4));
-      if (!merger) {
-        __threadfence();  // this thread's partial, before the count (release, with the barrier)
-        bar_sync(kBarEpilogue, 256);
-      }
-      if (thread == 0) atomicAdd(count, merger ? -(n_splits - 1) * one : one);
-    }
+    write_out(r, single);
     trace.mark_request(p, wg, r - field(0), 6);
   }
   return pair;
@@ -1173,7 +974,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
                               producer % kIssuersPerStage);
       }
     }
-    if (producer == 0) merge_wait(params, smem.range, thread % 32);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
     const int pairs = consume<Traits>(params, smem, wg, thread, blockIdx.x, blockIdx.y);

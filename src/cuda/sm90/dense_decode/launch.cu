@@ -6,7 +6,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -278,7 +277,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
     params.num_splits = plan.num_splits;
     params.num_splits_stride = 1;
   } else {
-    params.metadata = args.schedule.metadata.data_as<int32_t>();
+    params.metadata = args.schedule.metadata.data_as<const int32_t>();
     params.metadata_stride_part = args.schedule.metadata.strides[0];
     params.metadata_stride_field = args.schedule.metadata.strides[1];
     params.num_splits = args.schedule.num_splits.data_as<const int32_t>();
@@ -313,12 +312,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.seqlens_stride = args.cache_seqlens.strides[0];
   params.lse_accum = reinterpret_cast<float*>(ws + layout.lse_accum);
   params.o_accum = reinterpret_cast<float*>(ws + layout.o_accum);
-  // Merging in the kernel needs a count byte per m-block x kv head in a metadata row (12), and
-  // every CTA resident at once (a merging CTA waits for others): a grid of at most one wave.
-  const int64_t ctas = static_cast<int64_t>(parts) * m_blocks * shape.h_kv;
-  params.merge_max_splits = m_blocks * shape.h_kv <= 12 && ctas <= sms
-                                ? std::min(std::max(tuning.merge_max_splits, 1), kMergeMaxSplits)
-                                : 1;
   params.batch = static_cast<int>(shape.batch);
   params.s_q = static_cast<int>(shape.s_q);
   params.h_q = static_cast<int>(shape.h_q);
@@ -367,7 +360,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   combine.s_q = params.s_q;
   combine.h_q = params.h_q;
   combine.warps_per_row = decode_combine_warps_per_row(params.batch, parts);
-  combine.merged_max_splits = params.merge_max_splits;
   return cuda_error(launch_decode_combine(combine, args.q.dtype, stream), "combine launch");
 }
 

@@ -50,11 +50,6 @@ struct DenseDecodeTuning {
   int output_stores = 2;
   // Compute warps issuing Q's TMA boxes (1-8): one thread streams only ~32 GB/s into an SM.
   int q_issuers = 8;
-  // Requests of 2..merge_max_splits splits (at most 4) are merged by the decode kernel (the CTA
-  // of a request's first split waits for the others' partials), not by combine.cu; 1 (or 0):
-  // combine.cu merges every split request. (Only with a one-wave grid and m-blocks x kv heads
-  // <= 12; otherwise 1.)
-  int merge_max_splits = 2;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

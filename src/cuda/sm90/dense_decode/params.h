@@ -8,8 +8,6 @@
 
 namespace openmla::cuda::sm90 {
 
-constexpr int kMergeMaxSplits = 4;
-
 struct DenseDecodeParams {
   // The paged cache as a 4-D TMA tensor map (dims, token-in-page, kv head, block), box 64 dims x
   // min(page_size, 32) tokens, 128 B swizzle (first member: CUtensorMap is over-aligned).
@@ -36,9 +34,7 @@ struct DenseDecodeParams {
   int64_t block_table_stride_b, block_table_stride_n;
   const int32_t* seqlens;  // [b]
   int64_t seqlens_stride;
-  // [num_sm_parts, 8]; fields 5-7 of a row: counts of written partials (a byte per m-block x kv
-  // head) of the split request that begins in that worker, for merge_max_splits.
-  int32_t* metadata;
+  const int32_t* metadata;  // [num_sm_parts, 8]
   int64_t metadata_stride_part, metadata_stride_field;
   const int32_t* num_splits;  // [b + 1]
   int64_t num_splits_stride;
@@ -46,9 +42,6 @@ struct DenseDecodeParams {
   // lse_accum [splits, s_q, h_q] (-inf: the split saw no key), o_accum [splits, s_q, h_q, 512].
   float* lse_accum;
   float* o_accum;
-  // Requests of 2..merge_max_splits splits (at most kMergeMaxSplits) are merged in this kernel by
-  // their first split's CTA; combine.cu merges the rest (0 or 1: it merges every split request).
-  int merge_max_splits;
 
   int batch, s_q, h_q, h_kv;
   int group;         // h_q / h_kv: query heads per kv head (consecutive)
