@@ -19,8 +19,8 @@
 
 namespace openmla::core {
 
-// Above this many requests the planners keep the share plan (the deal is a serial walk over
-// requests and workers; one GPU thread runs it).
+// Above this many requests the planners keep the share plan (the GPU planner holds every
+// request's line position in shared memory for its walk).
 constexpr int64_t kScheduleGreedyMaxBatch = 512;
 
 // Deals requests 0 .. batch-1 (blocks(i) key blocks each) over `parts` workers of `capacity` units.

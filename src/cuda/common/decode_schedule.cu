@@ -8,9 +8,9 @@
 // over workers gives every worker's first split. Integer arithmetic as on the host (int64).
 // The whole-request plan's boundaries (the nearer end of the request a boundary falls in) come
 // from the same pass; a max over its workers' loads picks the plan, as on the host. Up to
-// core::kScheduleGreedyMaxBatch requests the split boundaries are then replaced by the greedy
-// deal's (core/schedule_greedy.h), as on the host: candidate capacities in parallel, one thread
-// recording the smallest that fits.
+// core::kScheduleGreedyMaxBatch requests a split plan's boundaries are then replaced by the
+// greedy deal's (core/schedule_greedy.h), as on the host: candidate capacities in parallel, one
+// a warp, the smallest that fits taken.
 #include "cuda/common/decode_schedule.h"
 
 #include <string>
