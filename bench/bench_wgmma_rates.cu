@@ -30,6 +30,44 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
+// Clocks of `iters` QK^T (64 x 64 x 576, SS m64n64k16 x 36) by one warpgroup: kPerGroup k-steps
+// a commit group (36: one group; 4: one group per 64-dim piece, as gemm_qk issues them), each
+// group after a wait on `landed` (a completed barrier, as the kernel's landed pieces) when
+// kWaits, and a wgmma fence; one wait for all at the end.
+template <int kPerGroup, bool kWaits>
+__device__ long long time_qk(Element* sq, Element* sk, int t, int iters, long long* clocks,
+                             uint64_t* landed) {
+  using namespace cute;
+  typename Traits::TiledMmaQK mma;
+  auto thr = mma.get_thread_slice(t);
+  Tensor tSrQ = thr.partition_fragment_A(make_tensor(make_smem_ptr(sq), Traits::SmemLayoutQ{}));
+  Tensor tSrK = thr.partition_fragment_B(make_tensor(make_smem_ptr(sk), Traits::SmemLayoutK{}));
+  Tensor tSrS = partition_fragment_C(mma, Shape<_64, _64>{});
+  constexpr int kSteps = decltype(size<2>(tSrQ))::value;
+  static_assert(kSteps % kPerGroup == 0, "whole groups");
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it) {
+    warpgroup_fence_operand(tSrS);
+#pragma unroll
+    for (int g = 0; g < kSteps / kPerGroup; ++g) {
+      if constexpr (kWaits) cutlass::arch::ClusterBarrier::wait(landed, 0);
+      warpgroup_arrive();
+#pragma unroll
+      for (int j = 0; j < kPerGroup; ++j) {
+        const int k = g * kPerGroup + j;
+        mma.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+      }
+      warpgroup_commit_batch();
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+  }
+  const long long elapsed = clock64() - t0;
+  if (tSrS(0) == 12345.f) clocks[gridDim.x * 2] = 1;  // keep S live
+  return elapsed;
+}
+
 // kRole[wg]: 0 = QK^T, 1 = PV, 2 = QK^T in 9 commit groups as the kernel issues it, -1 = idle.
 template <int kRole0, int kRole1>
 __global__ void __launch_bounds__(256, 1) rates_kernel(long long* clocks, int iters) {
@@ -56,57 +94,10 @@ __global__ void __launch_bounds__(256, 1) rates_kernel(long long* clocks, int it
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int role = wg == 0 ? kRole0 : kRole1;
   long long elapsed = 0;
-  if (role == 2) {
-    // QK^T issued as the kernel issues it (gemm_qk): one commit group per 64-dim piece (4
-    // k-steps), each after a wait on the piece's barrier and a wgmma fence; one wait at the end.
-    // Against role 0 (one group of 36 k-steps): what the per-piece issue costs the pipe.
-    typename Traits::TiledMmaQK mma;
-    auto thr = mma.get_thread_slice(t);
-    Tensor tSrQ = thr.partition_fragment_A(make_tensor(make_smem_ptr(sq), Traits::SmemLayoutQ{}));
-    Tensor tSrK = thr.partition_fragment_B(make_tensor(make_smem_ptr(sk), Traits::SmemLayoutK{}));
-    Tensor tSrS = partition_fragment_C(mma, Shape<_64, _64>{});
-    constexpr int kSteps = decltype(size<2>(tSrQ))::value, kPerPiece = 4;
-    const long long t0 = clock64();
-    for (int it = 0; it < iters; ++it) {
-      warpgroup_fence_operand(tSrS);
-#pragma unroll
-      for (int piece = 0; piece < kSteps / kPerPiece; ++piece) {
-        cutlass::arch::ClusterBarrier::wait(&landed, 0);
-        warpgroup_arrive();
-#pragma unroll
-        for (int j = 0; j < kPerPiece; ++j) {
-          const int k = piece * kPerPiece + j;
-          mma.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-          gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-        }
-        warpgroup_commit_batch();
-      }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-    }
-    elapsed = clock64() - t0;
-    if (tSrS(0) == 12345.f) clocks[gridDim.x * 2] = 1;  // keep S live
-  } else if (role == 0) {
-    typename Traits::TiledMmaQK mma;
-    auto thr = mma.get_thread_slice(t);
-    Tensor tSrQ = thr.partition_fragment_A(make_tensor(make_smem_ptr(sq), Traits::SmemLayoutQ{}));
-    Tensor tSrK = thr.partition_fragment_B(make_tensor(make_smem_ptr(sk), Traits::SmemLayoutK{}));
-    Tensor tSrS = partition_fragment_C(mma, Shape<_64, _64>{});
-    const long long t0 = clock64();
-    for (int it = 0; it < iters; ++it) {
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-#pragma unroll
-      for (int k = 0; k < size<2>(tSrQ); ++k) {
-        mma.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-        gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-    }
-    elapsed = clock64() - t0;
-    if (tSrS(0) == 12345.f) clocks[gridDim.x * 2] = 1;  // keep S live
+  if (role == 0) {
+    elapsed = time_qk<36, false>(sq, sk, t, iters, clocks, &landed);
+  } else if (role == 2) {
+    elapsed = time_qk<4, true>(sq, sk, t, iters, clocks, &landed);
   } else if (role == 1) {
     typename Traits::TiledMmaPV mma;
     auto thr = mma.get_thread_slice(t);
