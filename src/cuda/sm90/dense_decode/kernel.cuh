@@ -327,18 +327,12 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
     // One fence a part: between a part's pieces only barrier waits come, no register writes.
     // (A fence a piece made ptxas close a wgmma group a piece, so the wait below for the other
     // tile's PV waited for this QK^T's earlier pieces too.)
-    // EXPERIMENT: every piece of the part landed first, then its k-steps back to back as one
-    // wgmma group (SASS: one TRYWAIT run, one WARPGROUP.ARRIVE, 16 HGMMA), where the kernel
-    // waits and fences a piece at a time (nine groups a tile).
-#pragma unroll
-    for (int c = Traits::part_first_piece(part);
-         c < Traits::part_first_piece(part) + Traits::part_pieces(part); ++c) {
-      cutlass::arch::ClusterBarrier::wait(&full[c], phase);
-    }
+    cutlass::arch::ClusterBarrier::wait(&full[Traits::part_first_piece(part)], phase);
     warpgroup_arrive();
 #pragma unroll
     for (int c = Traits::part_first_piece(part);
          c < Traits::part_first_piece(part) + Traits::part_pieces(part); ++c) {
+      if (c != Traits::part_first_piece(part)) cutlass::arch::ClusterBarrier::wait(&full[c], phase);
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
         const bool first = i == 0 && c == Traits::part_first_piece(part) && kk == 0;
