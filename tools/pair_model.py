@@ -34,8 +34,8 @@ S done is 2313 clocks, where the model has ~1.8k. Fitted, a QK^T piece costs 193
   under in size.
 
 One reading of the fit: a QK^T issued as 9 commit groups, each after a barrier wait and a wgmma
-fence, leaves the pipe idle between groups. bench_wgmma_rates (roles "9 groups") measures that
-on the device. The model's pipe-bound floor is then ~5.5k a pair, which v14/v17 reached from
+fence, leaves the pipe idle between groups. bench_wgmma_rates at commit a2f68d2 (roles "9 groups")
+measures that on the device. The model's pipe-bound floor is then ~5.5k a pair, which v14/v17 reached from
 L2. Treat its figures as a ranking aid, not a prediction.
 
     python3 tools/pair_model.py            # every order, L2 and DRAM refills
