@@ -19,7 +19,7 @@ Programs (one per order) are lists of steps per pair k:
   ("cpu", clocks)       softmax, rescale, P stores: CUDA-core work of this warpgroup
   ("signal", event)     e.g. P(tile) published
   ("await", event)      a named barrier: wait for the other warpgroup's signal
-  ("release", stage, part, tile)   hand a stage part back (its refill starts)
+  ("release", tile, part)  hand the part of a tile back (its stage refills it for tile + 2)
 
 Calibration targets (NOTES.md timelines, clocks a pair):
 - v10 (the kernel): 6.6k, from DRAM or L2;

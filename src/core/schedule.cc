@@ -77,19 +77,20 @@ void plan_decode_schedule_host(const int32_t* seqlens, int batch, int num_sm_par
   // candidates stop one above). Past kScheduleGreedyMaxBatch requests, the share plan.
   if (!whole && batch <= kScheduleGreedyMaxBatch) {
     auto request_blocks = [&](int64_t i) { return blocks(i); };
-    auto ignore = [](int64_t, int64_t, int64_t) {};
+    std::vector<int64_t> deal_request(parts), deal_block(parts);
     for (int64_t capacity = share; capacity <= share + overhead + 1; ++capacity) {
-      if (!deal_greedy(request_blocks, batch, parts, overhead, capacity, ignore)) continue;
-      std::fill(split_request.begin(), split_request.end(), batch);
-      std::fill(split_block.begin(), split_block.end(), 0);
-      deal_greedy(request_blocks, batch, parts, overhead, capacity,
-                  [&](int64_t w, int64_t r, int64_t k) {
-                    split_request[w] = r;
-                    split_block[w] = k;
-                  });
-      split_request[parts - 1] = batch;  // the last worker ends past every request
-      split_block[parts - 1] = 0;
-      break;
+      // Workers the deal does not reach (it ran out of requests) end past every request.
+      std::fill(deal_request.begin(), deal_request.end(), batch);
+      std::fill(deal_block.begin(), deal_block.end(), 0);
+      if (deal_greedy(request_blocks, batch, parts, overhead, capacity,
+                      [&](int64_t w, int64_t r, int64_t k) {
+                        deal_request[w] = r;
+                        deal_block[w] = k;
+                      })) {
+        split_request = deal_request;
+        split_block = deal_block;
+        break;
+      }
     }
   }
 
