@@ -14,6 +14,7 @@
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include "cuda/sm90/dense_decode/traits.h"
 
@@ -29,7 +30,45 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-// kRole[wg]: 0 = QK^T, 1 = PV, -1 = idle.
+// Clocks of `iters` QK^T (64 x 64 x 576, SS m64n64k16 x 36) by one warpgroup: kPerGroup k-steps
+// a commit group (36: one group; 4: one group per 64-dim piece, as gemm_qk issues them), each
+// group after a wait on `landed` (a completed barrier, as the kernel's landed pieces) when
+// kWaits, and a wgmma fence; one wait for all at the end.
+template <int kPerGroup, bool kWaits>
+__device__ long long time_qk(Element* sq, Element* sk, int t, int iters, long long* clocks,
+                             uint64_t* landed) {
+  using namespace cute;
+  typename Traits::TiledMmaQK mma;
+  auto thr = mma.get_thread_slice(t);
+  Tensor tSrQ = thr.partition_fragment_A(make_tensor(make_smem_ptr(sq), Traits::SmemLayoutQ{}));
+  Tensor tSrK = thr.partition_fragment_B(make_tensor(make_smem_ptr(sk), Traits::SmemLayoutK{}));
+  Tensor tSrS = partition_fragment_C(mma, Shape<_64, _64>{});
+  constexpr int kSteps = decltype(size<2>(tSrQ))::value;
+  static_assert(kSteps % kPerGroup == 0, "whole groups");
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it) {
+    warpgroup_fence_operand(tSrS);
+#pragma unroll
+    for (int g = 0; g < kSteps / kPerGroup; ++g) {
+      if constexpr (kWaits) cutlass::arch::ClusterBarrier::wait(landed, 0);
+      warpgroup_arrive();
+#pragma unroll
+      for (int j = 0; j < kPerGroup; ++j) {
+        const int k = g * kPerGroup + j;
+        mma.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+      }
+      warpgroup_commit_batch();
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+  }
+  const long long elapsed = clock64() - t0;
+  if (tSrS(0) == 12345.f) clocks[gridDim.x * 2] = 1;  // keep S live
+  return elapsed;
+}
+
+// kRole[wg]: 0 = QK^T, 1 = PV, 2 = QK^T in 9 commit groups as the kernel issues it, -1 = idle.
 template <int kRole0, int kRole1>
 __global__ void __launch_bounds__(256, 1) rates_kernel(long long* clocks, int iters) {
   using namespace cute;
@@ -42,30 +81,23 @@ __global__ void __launch_bounds__(256, 1) rates_kernel(long long* clocks, int it
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
+  // A barrier whose phase 0 is complete: role 2 waits on it before each piece, as the kernel
+  // waits on each piece's TMA barrier (already landed here).
+  __shared__ alignas(8) uint64_t landed;
+  if (threadIdx.x == 0) {
+    cutlass::arch::ClusterBarrier::init(&landed, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) cutlass::arch::ClusterBarrier::arrive(&landed);
+  __syncthreads();
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int role = wg == 0 ? kRole0 : kRole1;
   long long elapsed = 0;
   if (role == 0) {
-    typename Traits::TiledMmaQK mma;
-    auto thr = mma.get_thread_slice(t);
-    Tensor tSrQ = thr.partition_fragment_A(make_tensor(make_smem_ptr(sq), Traits::SmemLayoutQ{}));
-    Tensor tSrK = thr.partition_fragment_B(make_tensor(make_smem_ptr(sk), Traits::SmemLayoutK{}));
-    Tensor tSrS = partition_fragment_C(mma, Shape<_64, _64>{});
-    const long long t0 = clock64();
-    for (int it = 0; it < iters; ++it) {
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-#pragma unroll
-      for (int k = 0; k < size<2>(tSrQ); ++k) {
-        mma.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-        gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-    }
-    elapsed = clock64() - t0;
-    if (tSrS(0) == 12345.f) clocks[gridDim.x * 2] = 1;  // keep S live
+    elapsed = time_qk<36, false>(sq, sk, t, iters, clocks, &landed);
+  } else if (role == 2) {
+    elapsed = time_qk<4, true>(sq, sk, t, iters, clocks, &landed);
   } else if (role == 1) {
     typename Traits::TiledMmaPV mma;
     auto thr = mma.get_thread_slice(t);
@@ -117,7 +149,7 @@ void measure(const char* name, int sms, long long* clocks_d) {
     if (roles[w] < 0) continue;
     for (int b = 0; b < sms; ++b) clk[w] += static_cast<double>(clocks[2 * b + w]);
     clk[w] /= static_cast<double>(sms) * iters;
-    fma += roles[w] == 0 ? 64.0 * 64 * 576 : 64.0 * 256 * 64;
+    fma += roles[w] != 1 ? 64.0 * 64 * 576 : 64.0 * 256 * 64;
   }
   const double per_iter = std::max(clk[0], clk[1]);
   const double tflops = 2.0 * fma * sms * iters / (ms * 1e-3) / 1e12;
@@ -143,6 +175,9 @@ int main() {
   measure<1, -1>("PV alone (RS m64n256k16 x4)", sms, clocks_d);
   measure<1, 1>("PV + PV", sms, clocks_d);
   measure<0, 1>("QK^T + PV", sms, clocks_d);
+  measure<2, -1>("QK^T alone, 9 groups of 4 after barrier waits (as gemm_qk)", sms, clocks_d);
+  measure<2, 2>("QK^T + QK^T, 9 groups each", sms, clocks_d);
+  measure<2, 1>("QK^T in 9 groups + PV", sms, clocks_d);
   cudaFree(clocks_d);
   return 0;
 }
