@@ -68,7 +68,8 @@ __device__ long long time_qk(Element* sq, Element* sk, int t, int iters, long lo
   return elapsed;
 }
 
-// kRole[wg]: 0 = QK^T, 1 = PV, 2 = QK^T in 9 commit groups as the kernel issues it, -1 = idle.
+// kRole[wg]: 0 = QK^T, 1 = PV, 2 = QK^T in 9 commit groups as the kernel issues it, 3 = the
+// same without the barrier waits, 4 = 3 groups after waits (one a part), -1 = idle.
 template <int kRole0, int kRole1>
 __global__ void __launch_bounds__(256, 1) rates_kernel(long long* clocks, int iters) {
   using namespace cute;
@@ -98,6 +99,10 @@ __global__ void __launch_bounds__(256, 1) rates_kernel(long long* clocks, int it
     elapsed = time_qk<36, false>(sq, sk, t, iters, clocks, &landed);
   } else if (role == 2) {
     elapsed = time_qk<4, true>(sq, sk, t, iters, clocks, &landed);
+  } else if (role == 3) {
+    elapsed = time_qk<4, false>(sq, sk, t, iters, clocks, &landed);
+  } else if (role == 4) {
+    elapsed = time_qk<12, true>(sq, sk, t, iters, clocks, &landed);
   } else if (role == 1) {
     typename Traits::TiledMmaPV mma;
     auto thr = mma.get_thread_slice(t);
@@ -149,7 +154,7 @@ void measure(const char* name, int sms, long long* clocks_d) {
     if (roles[w] < 0) continue;
     for (int b = 0; b < sms; ++b) clk[w] += static_cast<double>(clocks[2 * b + w]);
     clk[w] /= static_cast<double>(sms) * iters;
-    fma += roles[w] != 1 ? 64.0 * 64 * 576 : 64.0 * 256 * 64;
+    fma += roles[w] != 1 ? 64.0 * 64 * 576 : 64.0 * 256 * 64;  // every role but PV is a QK^T
   }
   const double per_iter = std::max(clk[0], clk[1]);
   const double tflops = 2.0 * fma * sms * iters / (ms * 1e-3) / 1e12;
@@ -178,6 +183,10 @@ int main() {
   measure<2, -1>("QK^T alone, 9 groups of 4 after barrier waits (as gemm_qk)", sms, clocks_d);
   measure<2, 2>("QK^T + QK^T, 9 groups each", sms, clocks_d);
   measure<2, 1>("QK^T in 9 groups + PV", sms, clocks_d);
+  measure<3, -1>("QK^T alone, 9 groups, no waits", sms, clocks_d);
+  measure<4, -1>("QK^T alone, 3 groups of 12 after waits (a part each)", sms, clocks_d);
+  measure<4, 4>("QK^T + QK^T, 3 groups each", sms, clocks_d);
+  measure<4, 1>("QK^T in 3 groups + PV", sms, clocks_d);
   cudaFree(clocks_d);
   return 0;
 }

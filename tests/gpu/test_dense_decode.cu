@@ -199,7 +199,7 @@ size_t workspace_bytes(const DecodeCase& c, int64_t batch) {
                                                        c.s_q, c.h_q, c.h_kv, kDimV);
   if (c.num_sm_parts <= 0) return by_device;
   return std::max(by_device, cuda::sm90::dense_decode_workspace_bytes(
-                                 static_cast<int>(batch), c.s_q, c.h_q, kDimV, c.num_sm_parts));
+                                 static_cast<int>(batch), c.s_q, c.h_q, c.h_kv, kDimV, c.num_sm_parts));
 }
 
 void run_case(const DecodeCase& c) {
@@ -391,6 +391,23 @@ TEST(DenseDecode, ExplicitScheduleFewWorkers) {
     run_case({.s_q = 2, .h_q = 128, .page_size = 32, .seqlens = {0, 300, 129, 700},
               .causal = true, .num_sm_parts = parts, .seed = static_cast<uint64_t>(seed++)});
   }
+}
+
+// The combine's three shapes of work (combine.cu): a warp a row pair (few splits a request), a
+// warpgroup half over 2-4 warps, a quarter over 8 (one long request), the batch sizes picking
+// them from the device's worker count; with grouped kv heads, partial m-blocks, 4-byte out.
+TEST(DenseDecode, CombineWarpsPerRowPair) {
+  uint64_t seed = 150;
+  Rng rng(149);
+  for (int batch : {1, 3, 10, 24}) {
+    std::vector<int> lens(batch);
+    for (int& l : lens) l = static_cast<int>(rng.randint(300, 2500));
+    run_case({.h_q = 16, .seqlens = lens, .seed = seed++});
+    run_case({.s_q = 2, .h_q = 40, .h_kv = 2, .seqlens = lens, .causal = true, .seed = seed++});
+    run_case({.dtype = DType::kFP16, .h_q = 24, .seqlens = lens, .seed = seed++, .out_gap = 2});
+  }
+  run_case({.h_q = 128, .seqlens = {1500, 700, 2200, 900, 1300, 64, 1800, 1000, 2500, 10},
+            .seed = seed++});
 }
 
 // --- the GPU planner, bit for bit ---------------------------------------------------------------

@@ -3,8 +3,12 @@
 // The decode kernel writes a request that has one split straight to out/lse; a request with
 // n > 1 splits leaves fp32 partials in the workspace, indexed by global split
 // (schedule.num_splits[r] .. num_splits[r + 1]):
-//   lse_accum [splits, s_q, h_q]       natural-log partial lse, -inf where the split saw no key
-//   o_accum   [splits, s_q, h_q, d_v]  normalised partial output
+//   lse_accum [splits, s_q, h_q]   natural-log partial lse, -inf where the split saw no key
+//   o_accum   [splits, h_kv, m_blocks] blocks of 64 query rows x 512 (m_blocks = ceil(s_q
+//             group / 64), a kv head's rows row = token * group + head in group), each as the
+//             decode CTA's two warpgroups hold their accumulators: float4 (32 wg + k) * 128 + t
+//             is rows r, r + 8 (r = 16 (t / 32) + (t % 32) / 4) x dims 256 wg + 8 k + 2 (t % 4),
+//             + 1 of the normalised partial output (rows past the kv head's are filler).
 // and this kernel merges them: lse = log Σ exp(lse_i), out = Σ exp(lse_i - lse) o_i (out 0 and
 // lse +inf when no split saw a key). It is launched with programmatic dependent launch: its
 // blocks start while the decode kernel drains and wait (griddepcontrol.wait) for its results.
@@ -27,8 +31,9 @@ struct DecodeCombineParams {
   int64_t out_stride_b = 0, out_stride_s = 0, out_stride_h = 0;
   float* lse = nullptr;  // [batch, h_q, s_q]
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
-  int batch = 0, s_q = 0, h_q = 0;
-  int warps_per_row = 1;  // 1, 2, 4 or 8 warps merge one row (decode_combine_warps_per_row)
+  bool out_16B = false;  // out 16-byte aligned with strides of multiples of 8 elements
+  int batch = 0, s_q = 0, h_q = 0, h_kv = 1;
+  int warps_per_row = 1;  // 1, 2, 4 or 8 warps merge a row pair (decode_combine_warps_per_row)
 };
 
 // The warps per row for a schedule of `num_sm_parts` workers over `batch` requests: 1 when a

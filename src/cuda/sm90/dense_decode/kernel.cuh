@@ -37,6 +37,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "cuda/common/quad_transpose.cuh"
 #include "cuda/sm90/dense_decode/launch.h"
 #include "cuda/sm90/dense_decode/params.h"
 #include "cuda/sm90/dense_decode/traits.h"
@@ -494,7 +495,6 @@ __device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, int
   using namespace cute;
   constexpr int kBlocks = size<1>(TO{}.layout()) / 2;  // n-blocks of 8 columns in the row
   static_assert(kBlocks % 4 == 0);
-  const bool lo = q & 1, hi = q & 2;
 #pragma unroll
   for (int g = 0; g < kBlocks / 4; ++g) {
     uint32_t a[4];  // a[k]: this lane's 2 columns of n-block 4 g + k
@@ -503,19 +503,7 @@ __device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, int
       const int j = 2 * (4 * g + k);
       a[k] = pack2<Element>(O(i, j), O(i, j + 1));
     }
-    // M[lane][k] = lane's a[k]; lane q wants column q of M. Across lanes q ^ 2: keep the k with
-    // bit 1 equal to q's, send the others.
-    const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
-    const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
-    const uint32_t s0 = hi ? a[2] : a[0], s1 = hi ? a[3] : a[1];  // M[q][kb], M[q][kb + 1]
-    // (r0, r1 = M[q ^ 2][kb], M[q ^ 2][kb + 1], kb = q & 2.) Across lanes q ^ 1: keep k = q.
-    const uint32_t u0 = __shfl_xor_sync(0xffffffffu, lo ? s0 : s1, 1);  // M[q ^ 1][q]
-    const uint32_t u1 = __shfl_xor_sync(0xffffffffu, lo ? r0 : r1, 1);  // M[q ^ 3][q]
-    const uint32_t self = lo ? s1 : s0, other = lo ? r1 : r0;         // M[q][q], M[q ^ 2][q]
-    // Word w of the 16 bytes is M[w][q] = V[q ^ w] with V = {self, u0, other, u1}.
-    const uint32_t a0 = hi ? other : self, a1 = hi ? u1 : u0;  // V[hi * 2], V[hi * 2 + 1]
-    const uint32_t b0 = hi ? self : other, b1 = hi ? u0 : u1;  // V[(1 - hi) * 2 + {0, 1}]
-    const uint4 v = make_uint4(lo ? a1 : a0, lo ? a0 : a1, lo ? b1 : b0, lo ? b0 : b1);
+    const uint4 v = quad_transpose(a, q);
     if (store) *reinterpret_cast<uint4*>(out + (8 * (4 * g + q)) * 2) = v;
   }
 }
@@ -626,18 +614,35 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   if (q_issuer && field(0) <= field(2)) load_q_tma(field(0));
   uint32_t q_phase = 0;
 
-  // Output of a finished request, O already normalised (1/l folded in): unsplit requests write
-  // out in q's dtype, split ones their fp32 partial for the combine. (Its 64 KB of stores hold
-  // both warpgroups ~4-6k clocks at a request boundary; deferring them under the next request's
-  // first QK^T kept O live across requests and spilled 1.9 KB: NOTES.md session 8.)
+  // Output of a finished request, O already normalised (1/l folded in). (Its 64 KB of stores
+  // hold both warpgroups ~4-6k clocks at a request boundary; deferring them under the next
+  // request's first QK^T kept O live across requests and spilled 1.9 KB: NOTES.md session 8.)
   auto write_out = [&](int rr, bool single) {
+    if (!single) {
+      // A split's fp32 partial, in the accumulator's own order (combine.h, "o_accum"): float4 k
+      // of thread t of warpgroup wg is rows r, r + 8 x columns 256 wg + 8 k + 2 (t % 4), + 1,
+      // at float4 (32 wg + k) * 128 + t of the CTA's 128 KB block, so a warp stores 512
+      // contiguous bytes an instruction. (Row-major 8-byte stores, 8 rows x 32 B an
+      // instruction, cost ~12 µs of b 32 x 4096's 89 where every CTA stores at once; this order
+      // ~2: session 10 run 5.) Threads whose rows are both past the request's store nothing.
+      const int split = field(4) + (rr - field(0));
+      const int64_t block = (static_cast<int64_t>(split) * p.h_kv + kv_head) * p.m_blocks + m_block;
+      float4* out = reinterpret_cast<float4*>(p.o_accum) + block * (64 * Traits::kHeadDimV / 4) +
+                    wg * (Traits::kVHalfDims / 8) * 128 + t;
+      if (m_block * 64 + row_of[0] >= p.rows) return;  // both rows past the request's
+#pragma unroll
+      for (int k = 0; k < size<1>(O) / 2; ++k) {
+        out[k * 128] = make_float4(O(0, 2 * k), O(0, 2 * k + 1), O(1, 2 * k), O(1, 2 * k + 1));
+      }
+      return;
+    }
     auto out_row = [&](int i) {  // this warpgroup's half of row i in out
       const int grow = m_block * 64 + row_of[i];
       const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
       return static_cast<char*>(p.out) + (rr * p.out_stride_b + s * p.out_stride_s +
                                           h * p.out_stride_h + wg * Traits::kVHalfDims) * 2;
     };
-    if (single && p.output_stores == 2) {
+    if (p.output_stores == 2) {
       // (Every lane takes part in the quads' shuffles; rows past the request's skip the store.)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -645,28 +650,21 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       }
       return;
     }
+    if (p.output_stores != 1) return;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int grow = m_block * 64 + row_of[i];
       if (grow >= p.rows) continue;
-      if (single) {
-        if (p.output_stores != 1) continue;
-        char* out = out_row(i);
+      // From one opaque first column, so the others' offsets are constants: else their 32
+      // addresses were hoisted out of the request loop into registers (and spilled).
+      const int col0 = get<1>(cO_rc(i, 0));
+      int opaque = col0;
+      asm volatile("" : "+r"(opaque));
+      char* out = out_row(i) + opaque * 2;
 #pragma unroll
-        for (int j = 0; j < size<1>(O); j += 2) {
-          const int col = get<1>(cO_rc(i, j));
-          *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(i, j), O(i, j + 1));
-        }
-      } else {
-        const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
-        const int split = field(4) + (rr - field(0));
-        const int64_t prow = (static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h;
-        float* out = p.o_accum + prow * Traits::kHeadDimV + wg * Traits::kVHalfDims;
-#pragma unroll
-        for (int j = 0; j < size<1>(O); j += 2) {
-          const int col = get<1>(cO_rc(i, j));
-          *reinterpret_cast<float2*>(out + col) = make_float2(O(i, j), O(i, j + 1));
-        }
+      for (int j = 0; j < size<1>(O); j += 2) {
+        const int col = get<1>(cO_rc(i, j)) - col0;
+        *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(i, j), O(i, j + 1));
       }
     }
   };

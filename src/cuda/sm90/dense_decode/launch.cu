@@ -30,8 +30,8 @@ struct WorkspaceLayout {
   size_t metadata = 0, num_splits = 0, lse_accum = 0, o_accum = 0, total = 0;
 };
 
-WorkspaceLayout workspace_layout(int64_t batch, int64_t s_q, int64_t h_q, int64_t d_v,
-                                 int64_t parts) {
+WorkspaceLayout workspace_layout(int64_t batch, int64_t s_q, int64_t h_q, int64_t h_kv,
+                                 int64_t d_v, int64_t parts) {
   const int64_t splits = core::max_schedule_splits(batch, parts);
   WorkspaceLayout w;
   size_t off = 0;
@@ -42,7 +42,10 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t s_q, int64_t h_q, int64_
   w.lse_accum = off;
   off = align_up(off + sizeof(float) * splits * s_q * h_q);
   w.o_accum = off;
-  off = align_up(off + sizeof(float) * splits * s_q * h_q * d_v);
+  // Whole 64-row blocks per (kv head, m-block): the decode kernel stores a CTA's accumulator
+  // as it lies in registers (combine.h).
+  const int64_t m_blocks = (s_q * (h_q / h_kv) + 63) / 64;
+  off = align_up(off + sizeof(float) * splits * h_kv * m_blocks * 64 * d_v);
   w.total = off;
   return w;
 }
@@ -184,8 +187,9 @@ DenseDecodeTuning& dense_decode_tuning() {
   return tuning;
 }
 
-size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int d_v, int num_sm_parts) {
-  return workspace_layout(batch, s_q, h_q, d_v, num_sm_parts).total;
+size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int h_kv, int d_v,
+                                    int num_sm_parts) {
+  return workspace_layout(batch, s_q, h_q, h_kv, d_v, num_sm_parts).total;
 }
 
 size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int h_kv,
@@ -193,7 +197,7 @@ size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q
   const int sms = device_sm_count(device_index);
   if (sms == 0 || h_kv < 1) return 0;
   const int parts = decode_sm_parts_for(sms, s_q, h_q, h_kv);
-  return dense_decode_workspace_bytes(batch, s_q, h_q, d_v, parts);
+  return dense_decode_workspace_bytes(batch, s_q, h_q, h_kv, d_v, parts);
 }
 
 Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
@@ -245,7 +249,8 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   if (plan_here && parts > kMaxPlannerSmParts) {
     return not_implemented("num_sm_parts ", parts, " above the GPU planner's ", kMaxPlannerSmParts);
   }
-  const WorkspaceLayout layout = workspace_layout(shape.batch, shape.s_q, shape.h_q, shape.d_v, parts);
+  const WorkspaceLayout layout =
+      workspace_layout(shape.batch, shape.s_q, shape.h_q, shape.h_kv, shape.d_v, parts);
   if (args.workspace.bytes < layout.total || args.workspace.data == nullptr ||
       reinterpret_cast<uintptr_t>(args.workspace.data) % 16 != 0) {
     return invalid("workspace: expected at least ", layout.total,
@@ -318,6 +323,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.h_kv = static_cast<int>(shape.h_kv);
   params.group = static_cast<int>(shape.h_q / shape.h_kv);
   params.rows = params.s_q * params.group;
+  params.m_blocks = m_blocks;
   params.page_size = static_cast<int>(page_size);
   params.page_shift = page_size == 8 ? 3 : page_size == 16 ? 4 : page_size == 32 ? 5 : 0;
   params.capacity = shape.num_blocks > 0 && args.k_cache.data != nullptr
@@ -359,6 +365,8 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   combine.batch = params.batch;
   combine.s_q = params.s_q;
   combine.h_q = params.h_q;
+  combine.h_kv = params.h_kv;
+  combine.out_16B = strides_aligned(args.out, 8);
   combine.warps_per_row = decode_combine_warps_per_row(params.batch, parts);
   return cuda_error(launch_decode_combine(combine, args.q.dtype, stream), "combine launch");
 }

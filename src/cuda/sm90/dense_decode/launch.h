@@ -28,7 +28,8 @@ size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q
                                    int d_v);
 
 // The same for a given number of schedule workers (a caller-made schedule may use any number).
-size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int d_v, int num_sm_parts);
+size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int h_kv, int d_v,
+                                    int num_sm_parts);
 
 // Process-wide knobs of the kernel, read at each launch (benchmarks sweep them; defaults are the
 // measured best, NOTES.md).
