@@ -34,4 +34,26 @@ inline int64_t max_schedule_splits(int64_t batch, int64_t num_sm_parts) {
   return batch + num_sm_parts;
 }
 
+// Split partials in the decode workspace (cuda/common/combine.h, "o_accum"); constexpr, so
+// the CUDA kernels call them too.
+
+// The 16-row groups of a decode CTA's 64 rows that hold a query row, for s_q * group = rows_kv
+// rows a kv head: only those warps' accumulators are stored.
+constexpr int partial_row_groups(int rows_kv) {
+  return ((rows_kv < 64 ? rows_kv : 64) + 15) / 16;
+}
+
+// o_accum's slot of global split `split` of request r, whose first split is `first`: piece j
+// of a split request takes slot 2 (first - r) + j. first - r counts the extra splits of the
+// requests before r, and a split request adds n - 1 >= 1 of them for its n pieces, so the next
+// split request's slots start at least 2 (n - 1) >= n later: no two pieces share a slot, and
+// whole requests (which store none) take no room.
+constexpr int partial_slot(int split, int first, int r) {
+  return split + first - 2 * r;
+}
+
+// Slots any schedule of num_sm_parts workers needs: its splits number at most batch +
+// num_sm_parts (core::max_schedule_splits), so the extra splits at most num_sm_parts.
+constexpr int64_t max_partial_slots(int64_t num_sm_parts) { return 2 * num_sm_parts; }
+
 }  // namespace openmla::core

@@ -85,6 +85,20 @@ void check_invariants(const std::vector<int32_t>& seqlens, int parts, int block_
   }
   EXPECT_EQ(p.num_splits[batch], split);
   EXPECT_LE(split, core::max_schedule_splits(batch, parts));
+  // The pieces of split requests own distinct workspace slots below the bound (whole requests
+  // store no partial).
+  std::vector<bool> taken(core::max_partial_slots(parts), false);
+  for (int64_t r = 0; r < batch; ++r) {
+    const int first = p.num_splits[r], n = p.num_splits[r + 1] - first;
+    if (n < 2) continue;
+    for (int j = 0; j < n; ++j) {
+      const int slot = core::partial_slot(first + j, first, static_cast<int>(r));
+      ASSERT_GE(slot, 0) << "request " << r;
+      ASSERT_LT(slot, core::max_partial_slots(parts)) << "request " << r;
+      EXPECT_FALSE(taken[slot]) << "request " << r << " piece " << j << " slot " << slot;
+      taken[slot] = true;
+    }
+  }
 }
 
 TEST(Schedule, RandomLengthsKeepInvariants) {

@@ -1,7 +1,7 @@
 // Split-KV decode combine (combine.h). The decode kernel leaves a split's partial as its CTA held
-// it (combine.h, "o_accum"): a 128 KB block per (split, kv head, m-block), float4 (32 wg + k) *
-// 128 + t holding rows r, r + 8 (r = 16 (t / 32) + (t % 32) / 4) x dims 256 wg + 8 k + 2 (t % 4),
-// + 1. A warp here merges one such row pair of one block: lane (kk = lane / 4, q = lane % 4)
+// it (combine.h, "o_accum"): a block per (partial slot, kv head, m-block), float4 (32 wg + k) *
+// 32 G + t (G 16-row groups) holding rows r, r + 8 (r = 16 (t / 32) + (t % 32) / 4) x dims
+// 256 wg + 8 k + 2 (t % 4), + 1. A warp here merges one such row pair of one block: lane (kk = lane / 4, q = lane % 4)
 // reads the float4s (wg, k = kk + 8 m) of thread t = 32 (r / 16) + 4 (r % 16) + q, so each load
 // instruction is 8 runs of 64 contiguous bytes, and sums them over the splits with each row's
 // weight; a 4 x 4 transpose in each quad then gives every lane 8 contiguous dims of one n-block,
@@ -15,6 +15,7 @@
 // block's 16 rows one after another, 6 barriers and two dependent round trips each.)
 #include "cuda/common/combine.h"
 
+#include "core/schedule.h"
 #include "cuda/common/quad_transpose.cuh"
 
 #include <cuda_bf16.h>
@@ -27,8 +28,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kDimV = 512;
-constexpr int kBlockFloat4s = 64 * kDimV / 4;  // a decode CTA's partial: 64 rows x 512 fp32
 
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -54,11 +53,8 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Row pairs (r, r + 8) of an m-block that hold a query row: 8 per 16 rows of a kv head's.
-__host__ __device__ inline int row_pairs(int rows_kv) {
-  const int r = rows_kv < 64 ? rows_kv : 64;
-  return 8 * ((r + 15) / 16);
-}
+// Row pairs (r, r + 8) of an m-block that hold a query row: 8 per 16-row group.
+__host__ __device__ inline int row_pairs(int rows_kv) { return 8 * core::partial_row_groups(rows_kv); }
 
 // kVec float4s a lane a split: 8 (a unit is a whole row pair), 4 (one warpgroup half of it: G 2,
 // 4) or 1 (an eighth: G 8, one long request with few rows, so 8x the blocks share it).
@@ -118,16 +114,21 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
     }
     sum0 = warp_sum(sum0);
     sum1 = warp_sum(sum1);
-    // This lane's float4s of the first split's block, then one block stride per split.
-    const int64_t block = (static_cast<int64_t>(first) * p.h_kv + kv_head) * m_blocks + m_block;
-    const float4* o = reinterpret_cast<const float4*>(p.o_accum) + block * kBlockFloat4s +
+    // This lane's float4s of the first piece's block (slot core::partial_slot(first, first, r)),
+    // then one block stride per piece.
+    const int lanes = 32 * core::partial_row_groups(rows_kv);  // a block's float4s of a column slot
+    const int64_t block_float4s = 64 * lanes;
+    const int64_t block =
+        (static_cast<int64_t>(core::partial_slot(first, first, r)) * p.h_kv + kv_head) * m_blocks +
+        m_block;
+    const float4* o = reinterpret_cast<const float4*>(p.o_accum) + block * block_float4s +
                       32 * (pair / 8) + 4 * (pair % 8) + q;
-    const int64_t split_stride = static_cast<int64_t>(p.h_kv) * m_blocks * kBlockFloat4s;
+    const int64_t split_stride = static_cast<int64_t>(p.h_kv) * m_blocks * block_float4s;
     int off[kVec];
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
       const int slot = chunk * kVec + v;         // (wg, m) = (slot / 4, slot % 4)
-      off[v] = (32 * (slot / 4) + kk + 8 * (slot % 4)) * 128;
+      off[v] = (32 * (slot / 4) + kk + 8 * (slot % 4)) * lanes;
     }
     // Loads unconditional (a split that saw no key, lse -inf, weighs 0 by a select after its
     // load), so the unrolled iterations' loads are all in flight at once.

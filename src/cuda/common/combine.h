@@ -4,11 +4,13 @@
 // n > 1 splits leaves fp32 partials in the workspace, indexed by global split
 // (schedule.num_splits[r] .. num_splits[r + 1]):
 //   lse_accum [splits, s_q, h_q]   natural-log partial lse, -inf where the split saw no key
-//   o_accum   [splits, h_kv, m_blocks] blocks of 64 query rows x 512 (m_blocks = ceil(s_q
-//             group / 64), a kv head's rows row = token * group + head in group), each as the
-//             decode CTA's two warpgroups hold their accumulators: float4 (32 wg + k) * 128 + t
-//             is rows r, r + 8 (r = 16 (t / 32) + (t % 32) / 4) x dims 256 wg + 8 k + 2 (t % 4),
-//             + 1 of the normalised partial output (rows past the kv head's are filler).
+//   o_accum   [slots, h_kv, m_blocks] blocks of 16 G query rows x 512 (m_blocks = ceil(s_q
+//             group / 64), a kv head's rows row = token * group + head in group, G =
+//             core::partial_row_groups(s_q group)), each as the decode CTA's two warpgroups hold
+//             their accumulators: float4 (32 wg + k) * 32 G + t is rows r, r + 8 (r = 16 (t /
+//             32) + (t % 32) / 4) x dims 256 wg + 8 k + 2 (t % 4), + 1 of the normalised
+//             partial output (rows past the kv head's are filler). A split request's pieces
+//             have slots core::partial_slot(split, first split, request); whole ones none.
 // and this kernel merges them: lse = log Σ exp(lse_i), out = Σ exp(lse_i - lse) o_i (out 0 and
 // lse +inf when no split saw a key). It is launched with programmatic dependent launch: its
 // blocks start while the decode kernel drains and wait (griddepcontrol.wait) for its results.

@@ -37,6 +37,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "core/schedule.h"
 #include "cuda/common/quad_transpose.cuh"
 #include "cuda/sm90/dense_decode/launch.h"
 #include "cuda/sm90/dense_decode/params.h"
@@ -617,22 +618,26 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // Output of a finished request, O already normalised (1/l folded in). (Its 64 KB of stores
   // hold both warpgroups ~4-6k clocks at a request boundary; deferring them under the next
   // request's first QK^T kept O live across requests and spilled 1.9 KB: NOTES.md session 8.)
-  auto write_out = [&](int rr, bool single) {
+  auto write_out = [&](int rr, bool single, int first_split) {
     if (!single) {
       // A split's fp32 partial, in the accumulator's own order (combine.h, "o_accum"): float4 k
       // of thread t of warpgroup wg is rows r, r + 8 x columns 256 wg + 8 k + 2 (t % 4), + 1,
-      // at float4 (32 wg + k) * 128 + t of the CTA's 128 KB block, so a warp stores 512
+      // at float4 (32 wg + k) * 32 row_groups + t of the CTA's block, so a warp stores 512
       // contiguous bytes an instruction. (Row-major 8-byte stores, 8 rows x 32 B an
       // instruction, cost ~12 µs of b 32 x 4096's 89 where every CTA stores at once; this order
-      // ~2: session 10 run 5.) Threads whose rows are both past the request's store nothing.
+      // ~2: session 10 run 5.) Only the warps of the first row_groups 16-row groups have a
+      // block slot; threads whose rows are both past the request's store nothing.
       const int split = field(4) + (rr - field(0));
-      const int64_t block = (static_cast<int64_t>(split) * p.h_kv + kv_head) * p.m_blocks + m_block;
-      float4* out = reinterpret_cast<float4*>(p.o_accum) + block * (64 * Traits::kHeadDimV / 4) +
-                    wg * (Traits::kVHalfDims / 8) * 128 + t;
+      const int64_t block =
+          (static_cast<int64_t>(core::partial_slot(split, first_split, rr)) * p.h_kv + kv_head) *
+              p.m_blocks + m_block;
+      const int lanes = 32 * p.row_groups;  // the block's float4s of one column slot
+      float4* out = reinterpret_cast<float4*>(p.o_accum) + block * (64 * lanes) +
+                    wg * (Traits::kVHalfDims / 8) * lanes + t;
       if (m_block * 64 + row_of[0] >= p.rows) return;  // both rows past the request's
 #pragma unroll
       for (int k = 0; k < size<1>(O) / 2; ++k) {
-        out[k * 128] = make_float4(O(0, 2 * k), O(0, 2 * k + 1), O(1, 2 * k), O(1, 2 * k + 1));
+        out[k * lanes] = make_float4(O(0, 2 * k), O(0, 2 * k + 1), O(1, 2 * k), O(1, 2 * k + 1));
       }
       return;
     }
@@ -908,7 +913,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         p.lse_accum[(static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h] = lse;
       }
     }
-    write_out(r, single);
+    write_out(r, single, first_split);
     trace.mark_request(p, wg, r - field(0), 6);
   }
   return pair;

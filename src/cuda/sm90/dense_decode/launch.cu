@@ -42,10 +42,12 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t s_q, int64_t h_q, int64_
   w.lse_accum = off;
   off = align_up(off + sizeof(float) * splits * s_q * h_q);
   w.o_accum = off;
-  // Whole 64-row blocks per (kv head, m-block): the decode kernel stores a CTA's accumulator
-  // as it lies in registers (combine.h).
-  const int64_t m_blocks = (s_q * (h_q / h_kv) + 63) / 64;
-  off = align_up(off + sizeof(float) * splits * h_kv * m_blocks * 64 * d_v);
+  // A block per (partial slot, kv head, m-block) of the 16-row groups that hold a query row:
+  // the decode kernel stores a CTA's accumulator as it lies in registers (combine.h).
+  const int64_t rows_kv = s_q * (h_q / h_kv);
+  const int64_t m_blocks = (rows_kv + 63) / 64;
+  off = align_up(off + sizeof(float) * core::max_partial_slots(parts) * h_kv * m_blocks *
+                           (16 * core::partial_row_groups(static_cast<int>(rows_kv))) * d_v);
   w.total = off;
   return w;
 }
@@ -324,6 +326,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.group = static_cast<int>(shape.h_q / shape.h_kv);
   params.rows = params.s_q * params.group;
   params.m_blocks = m_blocks;
+  params.row_groups = core::partial_row_groups(params.rows);
   params.page_size = static_cast<int>(page_size);
   params.page_shift = page_size == 8 ? 3 : page_size == 16 ? 4 : page_size == 32 ? 5 : 0;
   params.capacity = shape.num_blocks > 0 && args.k_cache.data != nullptr

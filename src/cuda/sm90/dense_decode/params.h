@@ -38,9 +38,9 @@ struct DenseDecodeParams {
   int64_t metadata_stride_part, metadata_stride_field;
   const int32_t* num_splits;  // [b + 1]
   int64_t num_splits_stride;
-  // Split partials (fp32) of requests with more than one split, indexed by global split:
-  // lse_accum [splits, s_q, h_q] (-inf: the split saw no key), o_accum [splits, h_kv, m_blocks]
-  // blocks of 64 rows x 512 in the accumulator's order (combine.h).
+  // Split partials (fp32) of requests with more than one split: lse_accum [splits, s_q, h_q]
+  // by global split (-inf: the split saw no key), o_accum [2 num_sm_parts, h_kv, m_blocks]
+  // blocks of 16 row_groups rows x 512 in the accumulator's order, by partial_slot (combine.h).
   float* lse_accum;
   float* o_accum;
 
@@ -48,6 +48,7 @@ struct DenseDecodeParams {
   int group;         // h_q / h_kv: query heads per kv head (consecutive)
   int rows;          // s_q * group: query rows per (request, kv head)
   int m_blocks;      // ceil(rows / 64): the grid's x
+  int row_groups;    // ceil(min(rows, 64) / 16): 16-row groups of an m-block holding a row
   int page_size;
   int page_shift;    // log2(page_size) for pages of 8, 16 or 32 keys
   int64_t capacity;  // max_blocks * page_size (0 with an empty cache): keys beyond are never read
