@@ -393,8 +393,8 @@ TEST(DenseDecode, ExplicitScheduleFewWorkers) {
   }
 }
 
-// The combine's three shapes of work (combine.cu): a warp a row pair (few splits a request), a
-// warpgroup half over 2-4 warps, a quarter over 8 (one long request), the batch sizes picking
+// The combine's shapes of work (combine.cu): 8 slots of a 16-row group a warp (few splits a
+// request) or over 2-4 warps, 1 slot over 8 warps (one long request), the batch sizes picking
 // them from the device's worker count; with grouped kv heads, partial m-blocks, 4-byte out.
 TEST(DenseDecode, CombineWarpsPerRowPair) {
   uint64_t seed = 150;

@@ -35,7 +35,7 @@ struct DecodeCombineParams {
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
   bool out_16B = false;  // out 16-byte aligned with strides of multiples of 8 elements
   int batch = 0, s_q = 0, h_q = 0, h_kv = 1;
-  int warps_per_row = 1;  // 1, 2, 4 or 8 warps merge a row pair (decode_combine_warps_per_row)
+  int warps_per_row = 1;  // 1, 2, 4 or 8 warps share a unit's splits (decode_combine_warps_per_row)
 };
 
 // The warps per row for a schedule of `num_sm_parts` workers over `batch` requests: 1 when a
