@@ -317,7 +317,9 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order,
 // one wgmma group per part. After the second part's group `after_second_part` runs with at most
 // that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
-template <class Traits, int kStage, class Mma, class TQ, class TK, class TS, class F>
+// kIssueOnly: every part issued and committed, nothing waited for (the caller waits).
+template <class Traits, int kStage, bool kIssueOnly = false, class Mma, class TQ, class TK,
+          class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
                                         uint64_t* full, uint32_t phase, F&& after_second_part) {
   using namespace cute;
@@ -343,13 +345,15 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
       }
     }
     warpgroup_commit_batch();
-    if (i == 1) {
+    if (!kIssueOnly && i == 1) {
       warpgroup_wait<1>();
       after_second_part();
     }
   }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(tSrS);
+  if constexpr (!kIssueOnly) {
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+  }
 }
 
 // O += P V with P from registers (issued and committed, not waited for).
@@ -710,18 +714,22 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     auto tile_valid = [&](int k, int stage) {
       return max(0, min(kBlockN, piece.tok_end - tile_key(k, stage)));
     };
+    // S of stage `stage`'s tile of pair k masked, and its row maxima.
+    auto score_tail = [&](int stage, int k, float(&mx)[2]) {
+      const int k0 = tile_key(k, stage);
+      if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
+        mask_tile(S, cS_rc, k0, piece.tok_begin, limit);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
+    };
     // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
     auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_second_part) {
       constexpr int kStage = decltype(stage_c)::value;
       gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
                               tSrS, smem.full[kStage], phase, after_second_part);
       warpgroup_fence_operand(tOrO);
-      const int k0 = tile_key(k, kStage);
-      if (k0 + kBlockN > min_limit || k0 < piece.tok_begin) {
-        mask_tile(S, cS_rc, k0, piece.tok_begin, limit);
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
+      score_tail(kStage, k, mx);
     };
 
     if (wg == 0) {
@@ -802,10 +810,18 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         release_part(&smem.empty[1][Traits::kPartL], lane);
       }
     } else {
-      for (int k = 0; k < n_pairs; ++k, ++pair) {
+      // The pair body, straight-line for each case (a runtime `has1` around the issue-only
+      // QK^T and its wait made ptxas inject a warpgroup.arrive before every wgmma, C7519).
+      auto body = [&](auto has1_c, int k) __attribute__((always_inline)) {
+        constexpr bool has1 = decltype(has1_c)::value;  // the pair's odd tile exists
         const uint32_t phase = pair & 1;
-        const bool has1 = 2 * k + 1 < n_tiles;  // the pair's odd tile exists
         trace.mark(pair, 0);
+        // ---- S of tile 2k + 1 issued first: it needs nothing of WG0's, and its stage has
+        // usually landed by now (v10 issued it behind the PV on P(2k), ~1k clocks later) ----
+        if constexpr (has1) {
+          gemm_qk<Traits, 1, true>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStageBytes),
+                                   tSrS, smem.full[1], phase, [] {});
+        }
         // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
         bar_sync(kBarP0Ready, 256);
         const float2 m0v = smem.max0[t];
@@ -824,15 +840,13 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         rescale_rows(O, scale0);
         gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
         trace.mark(pair, 1);
-        // ---- S of tile 2k + 1; the PV on tile 2k runs under it, then stage 0's V right goes
-        // back ----
+        // ---- S of tile 2k + 1 done (the PV on tile 2k still runs: O is not touched until it
+        // is waited for below) ----
         float mx[2] = {-INFINITY, -INFINITY};
-        if (has1) {
-          score(cute::Int<1>{}, k, phase, mx, [&] {
-            warpgroup_fence_operand(tOrO);
-            warpgroup_fence_operand(tOrP_other);
-            release_part(&smem.empty[0][Traits::kPartR], lane);
-          });
+        if constexpr (has1) {
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tSrS);
+          score_tail(1, k, mx);
         } else {
           wait_pv(tOrO, tOrP_other);
           release_part(&smem.empty[0][Traits::kPartR], lane);
@@ -854,7 +868,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
           m_run[i] = m1;
         }
-        if (has1) {
+        if constexpr (has1) {
           softmax_to_p<Element>(S, tSrS, base1, sl2, sum1, tOrP_own);
           store_p(p_buffer(1), tOrP_own, t);
         }
@@ -869,6 +883,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
         bar_arrive(kBarP1Ready, 256);
         trace.mark(pair, 3);
+        if constexpr (has1) {  // the PV on tile 2k, then stage 0's V right goes back
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[0][Traits::kPartR], lane);
+        }
         if (zero) {
           bar_sync(kBarWg1, 128);
         } else if constexpr (Traits::kPInKTile) {
@@ -876,12 +894,19 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
         // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
         rescale_rows(O, scale1);
-        if (has1) {
+        if constexpr (has1) {
           gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
           wait_pv(tOrO, tOrP_own);
         }
         trace.mark(pair, 4);
         release_part(&smem.empty[1][Traits::kPartR], lane);
+      };
+      for (int k = 0; k < n_pairs; ++k, ++pair) {
+        if (2 * k + 1 < n_tiles) {
+          body(cute::true_type{}, k);
+        } else {
+          body(cute::false_type{}, k);
+        }
       }
     }
 
