@@ -437,6 +437,20 @@ __device__ __forceinline__ void rescale_rows(TO& O, const float (&scale)[2]) {
   }
 }
 
+// O's rows times `scale`, skipped when every factor of the warp is 1 (exact; with the lazy
+// running max below nearly every tile after a request's first).
+template <class TO>
+__device__ __forceinline__ void rescale_rows_if(TO& O, const float (&scale)[2]) {
+  if (__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) rescale_rows(O, scale);
+}
+
+// The running max moves only when a tile's row max exceeds it by more than `thr` (2^8 in P's
+// units): P is then at most 256 (exact in every 16-bit type's range, fp32 sums), and O rarely
+// needs a rescale (FA4's lazy rescaling). -inf (no key yet) always moves.
+__device__ __forceinline__ float lazy_max(float m, float tile_max, float thr) {
+  return tile_max > m + thr ? tile_max : m;
+}
+
 // The running max m as an exp2 exponent offset: rows that have seen no key yet (m = -inf) use 0
 // so exp2(-inf - 0) = 0 instead of NaN.
 __device__ __forceinline__ float max_base(float m, float scale_log2) {
@@ -602,6 +616,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   for (int i = 0; i < 2; ++i) row_of[i] = get<0>(cS_rc(i, 0));
   const bool row_leader = (lane % 4) == 0;  // one of the 4 threads sharing a row writes stats
   const float sl2 = p.scale_log2;
+  const float max_thr = 8.f / sl2;  // lazy_max's threshold: 2^8 in P
   auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
   const Tracer trace(p, wg, t == 0);
   int pair = 0;  // pairs consumed so far by this CTA: the phase of both stages' barriers
@@ -749,7 +764,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         m_run[1] = st.y;
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
-        rescale_rows(O, scale1);
+        rescale_rows_if(O, scale1);
         if (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
       };
       for (int k = 0; k < n_pairs; ++k, ++pair) {
@@ -769,7 +784,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         float scale0[2], base0[2], sum0[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float m0 = fmaxf(m_run[i], mx[i]);
+          const float m0 = lazy_max(m_run[i], mx[i], max_thr);
           base0[i] = max_base(m0, sl2);
           scale0[i] = exp2_approx(m_run[i] * sl2 - base0[i]);
           m_run[i] = m0;
@@ -795,7 +810,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           fence_async_smem();
         }
         // ---- O_L += P V_L on tile 2k, then stage 0's V left goes back ----
-        rescale_rows(O, scale0);
+        rescale_rows_if(O, scale0);
         gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, 0), tOrO);
         wait_pv(tOrO, tOrP_own);
         trace.mark(pair, 4);
@@ -837,7 +852,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
           l_run[i] *= scale0[i];
         }
-        rescale_rows(O, scale0);
+        rescale_rows_if(O, scale0);
         gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
         trace.mark(pair, 1);
         // ---- S of tile 2k + 1 done (the PV on tile 2k still runs: O is not touched until it
@@ -863,7 +878,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float m1 = fmaxf(m0[i], mx[i]);
+          const float m1 = lazy_max(m0[i], mx[i], max_thr);
           base1[i] = max_base(m1, sl2);
           scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
           m_run[i] = m1;
@@ -893,7 +908,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
         }
         // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
-        rescale_rows(O, scale1);
+        rescale_rows_if(O, scale1);
         if constexpr (has1) {
           gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
           wait_pv(tOrO, tOrP_own);
