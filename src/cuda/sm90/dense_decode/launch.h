@@ -34,9 +34,10 @@ size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int h_kv, int d
 // Process-wide knobs of the kernel, read at each launch (benchmarks sweep them; defaults are the
 // measured best, NOTES.md).
 struct DenseDecodeTuning {
-  // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks and request length: normal where
-  // several m-blocks read each tile; with one, evict-first for requests shorter than
-  // evict_normal_from keys and normal for the others (same-run A/B, NOTES.md session 6).
+  // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks and request length: evict-first
+  // where several m-blocks read each tile (session 11: h_q 128 L 1024 -5.5%, longer -0.5-0.8%);
+  // with one, evict-first for requests shorter than evict_normal_from keys and normal for the
+  // others (same-run A/B, NOTES.md session 6).
   int evict_first = -1;
   int evict_normal_from = 2048;
   // The cache map's L2 promotion in bytes: 0 (none), 64, 128, 256; -1: 128 where one m-block
