@@ -22,7 +22,8 @@ Programs (one per order) are lists of steps per pair k:
   ("release", tile, part)  hand the part of a tile back (its stage refills it for tile + 2)
 
 Calibration targets (NOTES.md timelines, clocks a pair):
-- v10 (the kernel): 6.6k, from DRAM or L2;
+- v10: 6.6k, from DRAM or L2;
+- v20 (the kernel since session 11): ~5.5k from DRAM or L2 (model: 5.55k from L2);
 - v14 (FlashMLA's order): 5.85k with the KV L2-resident, ~7.2k from DRAM.
 
 Calibration (session 9): with QK^T at the 1152 clocks a tile of peak rate (128 a piece), v10 comes
@@ -214,7 +215,23 @@ def v14(k, wg):
     return s
 
 
-ORDERS = {"v10": v10, "v14": v14, "v10_own_max": v10_own_max}
+def v20(k, wg):
+    """The kernel since session 11: v10 for WG0; WG1 issues S(2k+1) first (its stage has usually
+    landed), then takes P(2k) and issues its PV behind that QK^T, softmaxes tile 2k+1 once S is
+    done (the PV still on the pipe), publishes P(2k+1), and only then waits for the PV on P(2k)
+    and hands stage 0's V right back. Measured (session 11 run 6 timeline, h_q 128 L 4096): 5.4-5.8k
+    clocks a pair from DRAM and from L2, where the model says 5.55k (L2) and 6.0k (2.3k refill)."""
+    a, b = 2 * k, 2 * k + 1
+    if wg == 0:
+        return v10(k, 0)
+    return [("qk", b, "rope"), ("qk", b, "R"), ("qk", b, "L"),
+            ("await", f"P{a}"), ("cpu", HANDOFF), ("release", a, "rope"), ("pv", a, "R"),
+            ("wait", f"qk{b}L"), ("cpu", SOFTMAX), ("signal", f"P{b}"),
+            ("wait", f"pv{a}R"), ("release", a, "R"),
+            ("cpu", RESCALE), ("pv", b, "R"), ("wait", f"pv{b}R"), ("release", b, "R")]
+
+
+ORDERS = {"v10": v10, "v14": v14, "v10_own_max": v10_own_max, "v20": v20}
 
 
 def main():
