@@ -54,7 +54,6 @@ enum : uint32_t {
   kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
   kBarWg1 = 5,       // inside WG1 (128)
   kBarEpilogue = 6,  // row sums exchanged (256)
-  kBarS0Done = 7,    // WG0 -> WG1: S(2k) done, WG1 may issue S(2k+1) (256)
 };
 
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
@@ -780,9 +779,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           warpgroup_fence_operand(tOrP_other);
           if (k > 0) release_part(&smem.empty[1][Traits::kPartL], lane);
         });
-        // WG1's QK^T goes on the pipe only now, so the two QK^Ts do not share it and S(2k),
-        // which P(2k) and then WG1's softmax wait for, is done a QK^T earlier.
-        bar_arrive(kBarS0Done, 256);
         trace.mark(pair, 2);
         // ---- softmax of tile 2k against the running max: P for itself and for WG1 ----
         float scale0[2], base0[2], sum0[2];
@@ -837,7 +833,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         trace.mark(pair, 0);
         // ---- S of tile 2k + 1 issued first: it needs nothing of WG0's, and its stage has
         // usually landed by now (v10 issued it behind the PV on P(2k), ~1k clocks later) ----
-        bar_sync(kBarS0Done, 256);
         if constexpr (has1) {
           gemm_qk<Traits, 1, true>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStageBytes),
                                    tSrS, smem.full[1], phase, [] {});
