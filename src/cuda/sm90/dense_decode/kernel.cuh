@@ -318,14 +318,6 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // one wgmma group per part. After the second part's group `after_second_part` runs with at most
 // that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
 // kIssueOnly: every part issued and committed, nothing waited for (the caller waits).
-// The callback (WG0: stage 1's V left back once the PV on P(2k-1) is done) runs after part
-// kQkCallbackPart's group: after the RoPE part (0), not after the first V part (1), so that
-// release no longer waits for stage 0's V left to land (session 11's timeline: stage 1's V left,
-// issued last, is what WG1's S(2k+1) and then the hand-off of P(2k) wait for).
-#ifndef OPENMLA_QK_CALLBACK_PART
-#define OPENMLA_QK_CALLBACK_PART 0
-#endif
-constexpr int kQkCallbackPart = OPENMLA_QK_CALLBACK_PART;
 template <class Traits, int kStage, bool kIssueOnly = false, class Mma, class TQ, class TK,
           class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
@@ -353,7 +345,7 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
       }
     }
     warpgroup_commit_batch();
-    if (!kIssueOnly && i == kQkCallbackPart) {
+    if (!kIssueOnly && i == 1) {
       warpgroup_wait<1>();
       after_second_part();
     }
