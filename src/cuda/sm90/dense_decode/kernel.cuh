@@ -318,25 +318,15 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // one wgmma group per part. After the second part's group `after_second_part` runs with at most
 // that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
 // kIssueOnly: every part issued and committed, nothing waited for (the caller waits).
-// The callback (WG0: stage 1's V left back once the PV on P(2k-1) is done) runs after part
-// kQkCallbackPart's group: after the RoPE part (0), not after the first V part (1), so that
-// release no longer waits for stage 0's V left to land (session 11's timeline: stage 1's V left,
-// issued last, is what WG1's S(2k+1) and then the hand-off of P(2k) wait for).
-#ifndef OPENMLA_QK_CALLBACK_PART
-#define OPENMLA_QK_CALLBACK_PART 0
-#endif
-constexpr int kQkCallbackPart = OPENMLA_QK_CALLBACK_PART;
-// Issue-only calls may cover parts [kPartBegin, kPartEnd) of the stage's order (the rest
-// issued by a later call: S is then only fenced by the first).
-template <class Traits, int kStage, bool kIssueOnly = false, int kPartBegin = 0,
-          int kPartEnd = Traits::kNumParts, class Mma, class TQ, class TK, class TS, class F>
+template <class Traits, int kStage, bool kIssueOnly = false, class Mma, class TQ, class TK,
+          class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
                                         uint64_t* full, uint32_t phase, F&& after_second_part) {
   using namespace cute;
   constexpr int kSteps = Traits::kPieceDims / 16;
-  if constexpr (kPartBegin == 0) warpgroup_fence_operand(tSrS);
+  warpgroup_fence_operand(tSrS);
 #pragma unroll
-  for (int i = kPartBegin; i < kPartEnd; ++i) {
+  for (int i = 0; i < Traits::kNumParts; ++i) {
     const int part = Traits::part_order(kStage, i);
     // One fence a part: between a part's pieces only barrier waits come, no register writes.
     // (A fence a piece made ptxas close a wgmma group a piece, so the wait below for the other
@@ -355,7 +345,7 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
       }
     }
     warpgroup_commit_batch();
-    if (!kIssueOnly && i == kQkCallbackPart) {
+    if (!kIssueOnly && i == 1) {
       warpgroup_wait<1>();
       after_second_part();
     }
@@ -843,11 +833,9 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         trace.mark(pair, 0);
         // ---- S of tile 2k + 1 issued first: it needs nothing of WG0's, and its stage has
         // usually landed by now (v10 issued it behind the PV on P(2k), ~1k clocks later) ----
-        // (All but its last part, stage 1's V left, which lands last: issued after the hand-off.)
         if constexpr (has1) {
-          gemm_qk<Traits, 1, true, 0, Traits::kNumParts - 1>(
-              mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStageBytes), tSrS, smem.full[1], phase,
-              [] {});
+          gemm_qk<Traits, 1, true>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStageBytes),
+                                   tSrS, smem.full[1], phase, [] {});
         }
         // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
         bar_sync(kBarP0Ready, 256);
@@ -871,11 +859,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         // is waited for below) ----
         float mx[2] = {-INFINITY, -INFINITY};
         if constexpr (has1) {
-          // S's last part behind the PV: waiting for it waits for the PV too (FIFO).
-          gemm_qk<Traits, 1, true, Traits::kNumParts - 1, Traits::kNumParts>(
-              mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStageBytes), tSrS, smem.full[1], phase,
-              [] {});
-          warpgroup_wait<0>();
+          warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);
           score_tail(1, k, mx);
         } else {
