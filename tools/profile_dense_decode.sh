@@ -52,4 +52,8 @@ for sh in "${shapes[@]}"; do
     fi
   } >>"$LOG" 2>&1
 done
+# The timelines' steady-state medians, one row a role (tools/timeline_summary.py).
+if [[ -n "$TRACE_BENCH" ]]; then
+  { echo "-- steady-state medians"; python3 "$ROOT/tools/timeline_summary.py" "$LOG"; } >>"$LOG" 2>&1
+fi
 cat "$LOG"
