@@ -315,13 +315,16 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
 // Compute warpgroups.
 
 // S = Q K^T of stage `kStage`'s tile, piece by piece as each lands, in the stage's part order,
-// one wgmma group per part. After the second part's group `after_second_part` runs with at most
-// that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
+// one wgmma group per part. After the first part's group (RoPE) `after_first_part` runs with at
+// most that group pending: every wgmma issued before this QK^T (the other tile's PV) is done then.
+// (After the first part, not the second: WG0's callback hands stage 1's V left back, and waiting
+// for stage 0's V left to land first held WG1's next S and its hand-off: -3.0% at h_q 128 L 4096,
+// session 12.)
 // kIssueOnly: every part issued and committed, nothing waited for (the caller waits).
 template <class Traits, int kStage, bool kIssueOnly = false, class Mma, class TQ, class TK,
           class TS, class F>
 __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
-                                        uint64_t* full, uint32_t phase, F&& after_second_part) {
+                                        uint64_t* full, uint32_t phase, F&& after_first_part) {
   using namespace cute;
   constexpr int kSteps = Traits::kPieceDims / 16;
   warpgroup_fence_operand(tSrS);
@@ -345,9 +348,9 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK
       }
     }
     warpgroup_commit_batch();
-    if (!kIssueOnly && i == 1) {
+    if (!kIssueOnly && i == 0) {
       warpgroup_wait<1>();
-      after_second_part();
+      after_first_part();
     }
   }
   if constexpr (!kIssueOnly) {
@@ -739,10 +742,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       for (int i = 0; i < 2; ++i) mx[i] = quad_max(row_reduce<true>(S, i));
     };
     // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
-    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_second_part) {
+    auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_first_part) {
       constexpr int kStage = decltype(stage_c)::value;
       gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
-                              tSrS, smem.full[kStage], phase, after_second_part);
+                              tSrS, smem.full[kStage], phase, after_first_part);
       warpgroup_fence_operand(tOrO);
       score_tail(kStage, k, mx);
     };
