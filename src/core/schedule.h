@@ -52,6 +52,16 @@ constexpr int partial_slot(int split, int first, int r) {
   return split + first - 2 * r;
 }
 
+// o_accum's block index of (partial slot, kv head, m-block): the decode kernel stores, the
+// combine reads and the workspace sizes by this one rule. A block holds 16 partial_row_groups
+// rows x d_v floats (partial_block_floats), in the decode CTA's accumulator order (combine.h).
+constexpr int64_t partial_block(int slot, int kv_head, int m_block, int h_kv, int m_blocks) {
+  return (static_cast<int64_t>(slot) * h_kv + kv_head) * m_blocks + m_block;
+}
+constexpr int64_t partial_block_floats(int rows_kv, int d_v) {
+  return static_cast<int64_t>(16) * partial_row_groups(rows_kv) * d_v;
+}
+
 // Slots any schedule of num_sm_parts workers needs: its splits number at most batch +
 // num_sm_parts (core::max_schedule_splits), so the extra splits at most num_sm_parts.
 constexpr int64_t max_partial_slots(int64_t num_sm_parts) { return 2 * num_sm_parts; }

@@ -95,8 +95,7 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
     const int lanes = 32 * groups;
     const int64_t block_float4s = 64 * lanes;
     const int64_t block =
-        (static_cast<int64_t>(core::partial_slot(first, first, r)) * p.h_kv + kvh) * m_blocks +
-        m_block;
+        core::partial_block(core::partial_slot(first, first, r), kvh, m_block, p.h_kv, m_blocks);
     const float4* o = reinterpret_cast<const float4*>(p.o_accum) + block * block_float4s +
                       chunk * kSlots * lanes + 32 * w + lane;
     const int64_t split_stride = static_cast<int64_t>(p.h_kv) * m_blocks * block_float4s;

@@ -704,9 +704,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       // ~2: session 10 run 5.) Only the warps of the first row_groups 16-row groups have a
       // block slot; threads whose rows are both past the request's store nothing.
       const int split = field(4) + (rr - field(0));
-      const int64_t block =
-          (static_cast<int64_t>(core::partial_slot(split, first_split, rr)) * p.h_kv + kv_head) *
-              p.m_blocks + m_block;
+      const int64_t block = core::partial_block(core::partial_slot(split, first_split, rr),
+                                                kv_head, m_block, p.h_kv, p.m_blocks);
       const int lanes = 32 * p.row_groups;  // the block's float4s of one column slot
       float4* out = reinterpret_cast<float4*>(p.o_accum) + block * (64 * lanes) +
                     wg * (Traits::kVHalfDims / 8) * lanes + t;

@@ -47,7 +47,7 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t s_q, int64_t h_q, int64_
   const int64_t rows_kv = s_q * (h_q / h_kv);
   const int64_t m_blocks = (rows_kv + 63) / 64;
   off = align_up(off + sizeof(float) * core::max_partial_slots(parts) * h_kv * m_blocks *
-                           (16 * core::partial_row_groups(static_cast<int>(rows_kv))) * d_v);
+                           core::partial_block_floats(static_cast<int>(rows_kv), d_v));
   w.total = off;
   return w;
 }
