@@ -40,6 +40,7 @@ struct DecodeCase {
   int num_sm_parts = 0;   // > 0: an explicit GPU-planned schedule with that many workers
   uint64_t seed = 1;
   int out_gap = 32;       // strided out: elements between heads, tokens, requests (2: 4-byte rows)
+  double q_sigma = 1.0;   // q ~ N(0, q_sigma^2): wider scores move the running max more often
 };
 
 std::string describe(const DecodeCase& c) {
@@ -108,7 +109,7 @@ HostProblem make_problem(const DecodeCase& c, Rng& rng) {
   const int64_t q_head = d + pad, q_seq = hq * q_head + pad, q_batch = sq * q_seq + pad;
   p.q = HostTensor(c.dtype, {b, sq, hq, d}, {q_batch, q_seq, q_head, 1});
   p.q.poison();
-  p.q.fill_normal(rng);
+  p.q.fill_normal(rng, c.q_sigma);
 
   p.out_ref = HostTensor(c.dtype, {b, sq, hq, kDimV});
   p.lse_ref = HostTensor(DType::kFP32, {b, hq, sq});
@@ -254,6 +255,21 @@ TEST(DenseDecodeSmall, PipelineBoundaries) {
   run_case({.h_q = 16, .seqlens = {37, 200, 129, 64, 0, 128}, .num_sm_parts = 2, .seed = 40});
   run_case({.h_q = 128, .seqlens = {65, 1, 192}, .num_sm_parts = 1, .seed = 41});
 }
+// Scores ~8x wider than unit-variance data: tile maxima differ by more than the lazy max's
+// threshold (2^8), so the running max moves inside requests, in either warpgroup first, and the
+// two warpgroups' P and maxima must be brought together (kernel.cuh, align_to_other).
+TEST(DenseDecode, WideScoresMoveTheRunningMax) {
+  uint64_t seed = 70;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    run_case({.dtype = dtype, .h_q = 128, .seqlens = {1000, 777, 64, 3000}, .seed = seed++,
+              .q_sigma = 8.0});
+    run_case({.dtype = dtype, .h_q = 16, .seqlens = {2048, 5, 900}, .num_sm_parts = 5,
+              .seed = seed++, .q_sigma = 8.0});
+    run_case({.dtype = dtype, .s_q = 2, .h_q = 64, .seqlens = {513, 1500}, .causal = true,
+              .seed = seed++, .q_sigma = 8.0});
+  }
+}
+
 TEST(DenseDecode, PipelineBoundaries) {
   uint64_t seed = 50;
   run_case({.h_q = 128, .seqlens = {1000, 64, 1, 257, 0}, .seed = seed++});
