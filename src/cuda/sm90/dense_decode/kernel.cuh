@@ -15,8 +15,9 @@
 //        back once it is done); m_0 = lazy max(m_0, rowmax S); P(2k), m_0 -> smem for WG1;
 //        O_L *= e^(m_0,old - m_0); O_L += P(2k) V(2k)_L; V(2k)_L handed back
 //   WG1: S = Q K(2k+1)^T piece by piece; m_1 = lazy max(m_1, rowmax S); P(2k+1), m_1 -> smem
-//        for WG0; P(2k), m_0 from WG0 -> align, O_R *= e^(m_1,old - m_1) folded in;
-//        O_R += P(2k) V(2k)_R, O_R += P(2k+1) V(2k+1)_R; each V_R handed back once done
+//        for WG0; O_R *= e^(m_1,old - m_1); O_R += P(2k+1) V(2k+1)_R                   (issued)
+//        P(2k), m_0 from WG0; V(2k+1)_R handed back once its PV is done; align;
+//        O_R += P(2k) V(2k)_R; V(2k)_R handed back
 //
 // so each tile's PVs run while the next tile's K streams in and is scored, and a stage goes back
 // to its producer warp as soon as its last PV is done (v7 held both stages until a pair's four
@@ -492,12 +493,11 @@ __device__ __forceinline__ float max_base(float m, float scale_log2) {
 // scaled down to it), a smaller one scales the other's P down. Both warpgroups see every max
 // the other published, so they end a request on the same one (the max of all), with O's halves
 // and the row sums on it. With the lazy max the two are equal on nearly every tile.
-// `f` is O's factor (the caller rescales O, folding in any factor of its own).
-template <class Element, class TP>
-__device__ __forceinline__ void align_to_other(float (&f)[2], TP& tOrP_other, float (&m_run)[2],
+template <class Element, class TO, class TP>
+__device__ __forceinline__ void align_to_other(TO& O, TP& tOrP_other, float (&m_run)[2],
                                                float (&l_run)[2], const float (&m_other)[2],
                                                float sl2) {
-  float g[2];
+  float f[2], g[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     f[i] = 1.f;
@@ -510,6 +510,7 @@ __device__ __forceinline__ void align_to_other(float (&f)[2], TP& tOrP_other, fl
     }
     l_run[i] *= f[i];
   }
+  rescale_rows_if(O, f);
   scale_p_rows_if<Element>(tOrP_other, g);
 }
 
@@ -815,9 +816,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           release_part(&smem.empty[1][Traits::kPartRope], lane);
         }
         const float m1[2] = {m1v.x, m1v.y};
-        float f[2];
-        align_to_other<Element>(f, tOrP_other, m_run, l_run, m1, sl2);
-        rescale_rows_if(O, f);
+        align_to_other<Element>(O, tOrP_other, m_run, l_run, m1, sl2);
         if (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
       };
       for (int k = 0; k < n_pairs; ++k, ++pair) {
@@ -931,7 +930,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         } else if constexpr (Traits::kPInKTile) {
           fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
         }
-        // ---- P of tile 2k from WG0 with its max ----
+        // ---- O_R += P V_R on tile 2k + 1 (waited for after the hand-off) ----
+        rescale_rows_if(O, scale1);
+        if constexpr (has1) gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
+        // ---- P of tile 2k from WG0 with its max; stage 1's V right goes back ----
         bar_sync(kBarP0Ready, 256);
         const float2 m0v = smem.max0[t];
         load_p(p_buffer(0), tOrP_other, t);
@@ -940,26 +942,15 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           release_part(&smem.empty[0][Traits::kPartRope], lane);
         }
         trace.mark(pair, 3);
-        // ---- O_R onto the aligned max (this tile's own move folded in), then O_R += P V_R on
-        // tile 2k and on tile 2k + 1; each stage's V right goes back once its PV is done ----
-        const float m0[2] = {m0v.x, m0v.y};
-        float f[2];
-        align_to_other<Element>(f, tOrP_other, m_run, l_run, m0, sl2);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) f[i] *= scale1[i];
-        rescale_rows_if(O, f);
-        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
-        if constexpr (has1) {
-          gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
-          warpgroup_wait<1>();
-          warpgroup_fence_operand(tOrP_other);
-        } else {
-          wait_pv(tOrO, tOrP_other);
-        }
-        release_part(&smem.empty[0][Traits::kPartR], lane);
         if constexpr (has1) wait_pv(tOrO, tOrP_own);
-        trace.mark(pair, 4);
         release_part(&smem.empty[1][Traits::kPartR], lane);
+        // ---- O_R += P V_R on tile 2k, then stage 0's V right goes back ----
+        const float m0[2] = {m0v.x, m0v.y};
+        align_to_other<Element>(O, tOrP_other, m_run, l_run, m0, sl2);
+        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
+        wait_pv(tOrO, tOrP_other);
+        trace.mark(pair, 4);
+        release_part(&smem.empty[0][Traits::kPartR], lane);
       };
       for (int k = 0; k < n_pairs; ++k, ++pair) {
         if (2 * k + 1 < n_tiles) {
