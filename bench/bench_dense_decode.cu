@@ -312,8 +312,8 @@ void print_trace(const long long* trace_d, int pairs) {
   };
   std::printf("\ntimeline of CTA 0, clocks after WG0's pair start (0 = not reached)\n"
               "WG0: 1 P(2k-1) in + its PV_L issued, 2 S(2k) done, 3 P(2k) out, 4 PV(2k)_L done\n"
-              "WG1: 0 start (S(2k+1) issued next), 1 S(2k+1) done, 2 P(2k+1) out + its PV_R issued, "
-              "3 P(2k) in, 4 PV(2k)_R done\nproducers: 0 stage 0's pair start, 1-3 stage 0 parts issued "
+              "WG1: 0 start (S(2k+1) issued next), 1 P(2k) in + its PV_R issued, 2 S(2k+1) done, "
+              "3 P(2k+1) out, 4 PV(2k+1)_R done\nproducers: 0 stage 0's pair start, 1-3 stage 0 parts issued "
               "(RoPE, L, R), 4-6 stage 1 parts issued (RoPE, R, L)\n");
   for (int q = 0; q < pairs; ++q) {
     const long long base = at(0, q, 0);

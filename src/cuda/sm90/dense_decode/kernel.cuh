@@ -5,19 +5,15 @@
 // rows [64 m, 64 m + 64) of kv head g for every request piece of schedule worker w; a request
 // piece is the key range [tok_begin, tok_end) walked in pairs of 64-key tiles: WG0 scores the
 // even tiles (stage 0), WG1 the odd ones (stage 1), and both multiply every tile's P by their
-// half of V (WG0 dims 0-255, WG1 256-511). Each warpgroup softmaxes its own tiles against its
-// own running max m_w and hands P over with it; the reader aligns the two (align_to_other: a
-// larger m adopted, O_half and l scaled down; a smaller one scales that P down), so neither
-// softmax waits for the other warpgroup. Per pair k (tiles 2k, 2k+1):
+// half of V (WG0 dims 0-255, WG1 256-511). Per pair k (tiles 2k, 2k+1), with m the running max:
 //
-//   WG0: P(2k-1), m_1 from WG1 -> align; O_L += P(2k-1) V(2k-1)_L                      (issued)
+//   WG0: P(2k-1) from WG1 -> O_L *= e^(m(2k-2) - m(2k-1)); O_L += P(2k-1) V(2k-1)_L   (issued)
 //        S = Q K(2k)^T piece by piece as they land (PV above runs under it; V(2k-1)_L handed
-//        back once it is done); m_0 = lazy max(m_0, rowmax S); P(2k), m_0 -> smem for WG1;
-//        O_L *= e^(m_0,old - m_0); O_L += P(2k) V(2k)_L; V(2k)_L handed back
-//   WG1: S = Q K(2k+1)^T piece by piece; m_1 = lazy max(m_1, rowmax S); P(2k+1), m_1 -> smem
-//        for WG0; O_R *= e^(m_1,old - m_1); O_R += P(2k+1) V(2k+1)_R                   (issued)
-//        P(2k), m_0 from WG0; V(2k+1)_R handed back once its PV is done; align;
-//        O_R += P(2k) V(2k)_R; V(2k)_R handed back
+//        back once it is done); m(2k) = max(m, rowmax S); P(2k) -> smem for WG1;
+//        O_L *= e^(m(2k-1) - m(2k)); O_L += P(2k) V(2k)_L; V(2k)_L handed back
+//   WG1: P(2k) from WG0 -> O_R *= e^(m(2k-1) - m(2k)); O_R += P(2k) V(2k)_R           (issued)
+//        S = Q K(2k+1)^T piece by piece (PV above under it; V(2k)_R handed back when done);
+//        m(2k+1); P(2k+1) -> smem for WG0; O_R *= ...; O_R += P(2k+1) V(2k+1)_R; handed back
 //
 // so each tile's PVs run while the next tile's K streams in and is scored, and a stage goes back
 // to its producer warp as soon as its last PV is done (v7 held both stages until a pair's four
@@ -53,8 +49,8 @@ namespace dense_decode_detail {
 // Named barriers (hardware ids; 0 is __syncthreads). Counts in threads.
 enum : uint32_t {
   kBarRequest = 1,   // both compute WGs: Q loaded / previous request finished (256)
-  kBarP0Ready = 2,   // WG0 -> WG1: P(2k) and WG0's running max published (256)
-  kBarP1Ready = 3,   // WG1 -> WG0: P(2k+1) and WG1's running max published (256)
+  kBarP0Ready = 2,   // WG0 -> WG1: P0, m0 published (256)
+  kBarP1Ready = 3,   // WG1 -> WG0: P1, m1, scale1 published (256)
   kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
   kBarWg1 = 5,       // inside WG1 (128)
   kBarEpilogue = 6,  // row sums exchanged (256)
@@ -100,15 +96,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   } else {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-template <typename Element>
-__device__ __forceinline__ float2 unpack2(uint32_t w) {
-  if constexpr (cute::is_same_v<Element, cute::bfloat16_t>) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-  } else {
-    return __half22float2(*reinterpret_cast<const __half2*>(&w));
   }
 }
 
@@ -460,20 +447,6 @@ __device__ __forceinline__ void rescale_rows_if(TO& O, const float (&scale)[2]) 
   if (__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) rescale_rows(O, scale);
 }
 
-// P's rows times `g` (packed as softmax_to_p packs them: word k holds two values of row k % 2),
-// skipped when every factor of the warp is 1.
-template <class Element, class TP>
-__device__ __forceinline__ void scale_p_rows_if(TP& tOrP, const float (&g)[2]) {
-  using namespace cute;
-  if (!__any_sync(0xffffffffu, g[0] != 1.f || g[1] != 1.f)) return;
-  Tensor P32 = recast<uint32_t>(tOrP);
-#pragma unroll
-  for (int k = 0; k < size(P32); ++k) {
-    const float2 v = unpack2<Element>(P32(k));
-    P32(k) = pack2<Element>(v.x * g[k % 2], v.y * g[k % 2]);
-  }
-}
-
 // The running max moves only when a tile's row max exceeds it by more than `thr` (2^8 in P's
 // units): P is then at most 256 (exact in every 16-bit type's range, fp32 sums), and O rarely
 // needs a rescale (FA4's lazy rescaling). -inf (no key yet) always moves.
@@ -485,33 +458,6 @@ __device__ __forceinline__ float lazy_max(float m, float tile_max, float thr) {
 // so exp2(-inf - 0) = 0 instead of NaN.
 __device__ __forceinline__ float max_base(float m, float scale_log2) {
   return m == -INFINITY ? 0.f : m * scale_log2;
-}
-
-// Each warpgroup softmaxes its own tiles against its own running max (so neither waits for the
-// other's max before its softmax), and hands its P over with that max. The reader brings the
-// two to one reference, row by row: a larger max is adopted (this warpgroup's O and row sum
-// scaled down to it), a smaller one scales the other's P down. Both warpgroups see every max
-// the other published, so they end a request on the same one (the max of all), with O's halves
-// and the row sums on it. With the lazy max the two are equal on nearly every tile.
-template <class Element, class TO, class TP>
-__device__ __forceinline__ void align_to_other(TO& O, TP& tOrP_other, float (&m_run)[2],
-                                               float (&l_run)[2], const float (&m_other)[2],
-                                               float sl2) {
-  float f[2], g[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    f[i] = 1.f;
-    g[i] = 1.f;
-    if (m_other[i] > m_run[i]) {  // m_run may be -inf: f = 0 (O and l are 0 then)
-      f[i] = exp2_approx(m_run[i] * sl2 - max_base(m_other[i], sl2));
-      m_run[i] = m_other[i];
-    } else if (m_other[i] < m_run[i]) {  // m_other may be -inf: g = 0 (that P is 0 then)
-      g[i] = exp2_approx(m_other[i] * sl2 - max_base(m_run[i], sl2));
-    }
-    l_run[i] *= f[i];
-  }
-  rescale_rows_if(O, f);
-  scale_p_rows_if<Element>(tOrP_other, g);
 }
 
 // P = exp(S - m) in place (S's accumulator order) and its row sums; P packed into the A
@@ -804,19 +750,23 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     };
 
     if (wg == 0) {
-      // P of the odd tile of the previous pair (stage 1) from WG1, with WG1's running max:
-      // hand the stage's RoPE piece (P's buffer) back, align the two maxima, and when the tile
-      // exists issue O_L += P V_L on it (not waited for).
+      // P of the odd tile of the previous pair (stage 1) from WG1, with WG1's running max and
+      // the factor e^(m_even - m_odd): rescale, hand the stage's RoPE piece (P's buffer) back,
+      // and when the tile exists issue O_L += P V_L on it (not waited for).
       auto take_odd = [&](bool has_tile) {
         bar_sync(kBarP1Ready, 256);
-        const float2 m1v = smem.max1[t];
+        const float4 st = smem.stats1[t];
         if (has_tile) load_p(p_buffer(1), tOrP_other, t);
         if constexpr (Traits::kPInKTile) {
           __syncwarp();
           release_part(&smem.empty[1][Traits::kPartRope], lane);
         }
-        const float m1[2] = {m1v.x, m1v.y};
-        align_to_other<Element>(O, tOrP_other, m_run, l_run, m1, sl2);
+        const float scale1[2] = {st.z, st.w};
+        m_run[0] = st.x;
+        m_run[1] = st.y;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] *= scale1[i];
+        rescale_rows_if(O, scale1);
         if (has_tile) gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, kStageBytes), tOrO);
       };
       for (int k = 0; k < n_pairs; ++k, ++pair) {
@@ -883,31 +833,56 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         constexpr bool has1 = decltype(has1_c)::value;  // the pair's odd tile exists
         const uint32_t phase = pair & 1;
         trace.mark(pair, 0);
-        // ---- S of tile 2k + 1 (nothing of WG0's needed: the softmax is against this
-        // warpgroup's own running max) ----
-        float mx[2] = {-INFINITY, -INFINITY};
+        // ---- S of tile 2k + 1 issued first: it needs nothing of WG0's, and its stage has
+        // usually landed by now (v10 issued it behind the PV on P(2k), ~1k clocks later) ----
         if constexpr (has1) {
           gemm_qk<Traits, 1, true>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStageBytes),
                                    tSrS, smem.full[1], phase, [] {});
-          warpgroup_wait<0>();
+        }
+        // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
+        bar_sync(kBarP0Ready, 256);
+        const float2 m0v = smem.max0[t];
+        load_p(p_buffer(0), tOrP_other, t);
+        if constexpr (Traits::kPInKTile) {
+          __syncwarp();
+          release_part(&smem.empty[0][Traits::kPartRope], lane);
+        }
+        const float m0[2] = {m0v.x, m0v.y};
+        float scale0[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          scale0[i] = exp2_approx(m_run[i] * sl2 - max_base(m0[i], sl2));
+          l_run[i] *= scale0[i];
+        }
+        rescale_rows_if(O, scale0);
+        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
+        trace.mark(pair, 1);
+        // ---- S of tile 2k + 1 done (the PV on tile 2k still runs: O is not touched until it
+        // is waited for below) ----
+        float mx[2] = {-INFINITY, -INFINITY};
+        if constexpr (has1) {
+          warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);
           score_tail(1, k, mx);
         } else {
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[0][Traits::kPartR], lane);
           // The tile past the end is a 0-byte phase of stage 1: no part of it may go back before
-          // the producer's arrival, or a release could run a phase ahead of the producer's wait.
+          // the producer's arrival, or a release could run a phase ahead of the producer's wait
+          // (WG0 hands its parts back after kBarP1Ready, which follows this).
 #pragma unroll
           for (int c = 0; c < Traits::kNumPieces; ++c) {
             cutlass::arch::ClusterBarrier::wait(&smem.full[1][c], phase);
           }
         }
-        trace.mark(pair, 1);
-        // ---- softmax of tile 2k + 1: P and this warpgroup's max for WG0 ----
+        trace.mark(pair, 2);
+        // ---- softmax of tile 2k + 1 against m0: P, m1 and e^(m0 - m1) for WG0 ----
         float base1[2], scale1[2], sum1[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float m1 = lazy_max(m_run[i], mx[i], max_thr);
+          const float m1 = lazy_max(m0[i], mx[i], max_thr);
           base1[i] = max_base(m1, sl2);
-          scale1[i] = exp2_approx(m_run[i] * sl2 - base1[i]);
+          scale1[i] = exp2_approx(m0[i] * sl2 - base1[i]);
           m_run[i] = m1;
         }
         if constexpr (has1) {
@@ -916,7 +891,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * scale1[i] + sum1[i];
-        smem.max1[t] = make_float2(m_run[0], m_run[1]);
+        smem.stats1[t] = make_float4(m_run[0], m_run[1], scale1[0], scale1[1]);
         const int valid = tile_valid(k, 1);
         const bool zero = has1 && valid < kBlockN;
         if (zero) {
@@ -924,33 +899,24 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
           fence_async_smem();
         }
         bar_arrive(kBarP1Ready, 256);
-        trace.mark(pair, 2);
+        trace.mark(pair, 3);
+        if constexpr (has1) {  // the PV on tile 2k, then stage 0's V right goes back
+          wait_pv(tOrO, tOrP_other);
+          release_part(&smem.empty[0][Traits::kPartR], lane);
+        }
         if (zero) {
           bar_sync(kBarWg1, 128);
         } else if constexpr (Traits::kPInKTile) {
           fence_async_smem();  // P before the next TMA into the RoPE piece (as for WG0's P)
         }
-        // ---- O_R += P V_R on tile 2k + 1 (waited for after the hand-off) ----
+        // ---- O_R += P V_R on tile 2k + 1, then stage 1's V right goes back ----
         rescale_rows_if(O, scale1);
-        if constexpr (has1) gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
-        // ---- P of tile 2k from WG0 with its max; stage 1's V right goes back ----
-        bar_sync(kBarP0Ready, 256);
-        const float2 m0v = smem.max0[t];
-        load_p(p_buffer(0), tOrP_other, t);
-        if constexpr (Traits::kPInKTile) {
-          __syncwarp();
-          release_part(&smem.empty[0][Traits::kPartRope], lane);
+        if constexpr (has1) {
+          gemm_pv(mma_pv, tOrP_own, at_offset(tOrV, kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP_own);
         }
-        trace.mark(pair, 3);
-        if constexpr (has1) wait_pv(tOrO, tOrP_own);
-        release_part(&smem.empty[1][Traits::kPartR], lane);
-        // ---- O_R += P V_R on tile 2k, then stage 0's V right goes back ----
-        const float m0[2] = {m0v.x, m0v.y};
-        align_to_other<Element>(O, tOrP_other, m_run, l_run, m0, sl2);
-        gemm_pv(mma_pv, tOrP_other, at_offset(tOrV, 0), tOrO);
-        wait_pv(tOrO, tOrP_other);
         trace.mark(pair, 4);
-        release_part(&smem.empty[0][Traits::kPartR], lane);
+        release_part(&smem.empty[1][Traits::kPartR], lane);
       };
       for (int k = 0; k < n_pairs; ++k, ++pair) {
         if (2 * k + 1 < n_tiles) {

@@ -106,10 +106,10 @@ struct DenseDecodeTraits {
     alignas(1024) Element q[kBlockM * kHeadDimQK];
     alignas(1024) Element k[kStages][kTileElems];  // [stage][piece][64 keys][64 dims]
     alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile ? 8 : kBlockM * kBlockN];
-    // Thread-major running maxima (2 rows a thread) each warpgroup hands over with its P:
-    // WG0's with tile 2k's, WG1's with tile 2k + 1's.
+    // Thread-major row statistics: WG0's running max after tile 0 (2 rows a thread), WG1's
+    // running max after tile 1 and the factor WG0 rescales by (m1[2], scale1[2]).
     float2 max0[128];
-    float2 max1[128];
+    float4 stats1[128];
     float row_sum[2][kBlockM];  // per compute warpgroup, exchanged in the epilogue
     // The CTA's schedule row {begin_request, begin_token, end_request, end_token, begin_split},
     // read where it is used: held in registers across the walk, it was spilled.
