@@ -331,7 +331,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
                                               &params.tma_kv_wide)
           ? box_pieces
           : 1;
-  dense_decode_tuning().kv_box_pieces_used = params.kv_box_pieces;
   params.q = args.q.data;
   params.q_stride_b = args.q.strides[0];
   params.q_stride_s = args.q.strides[1];

@@ -55,7 +55,6 @@ struct DenseDecodeTuning {
   // 8 KB pieces of a V part per KV TMA box where pages hold >= 64 keys: 1, 2 or 4 (params.h
   // tma_kv_wide; falls back to 1 where the wide map cannot be encoded).
   int kv_box_pieces = 1;
-  int kv_box_pieces_used = 0;  // written by each launch: what the kernel got (tests check it)
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;
