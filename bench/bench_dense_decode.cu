@@ -432,7 +432,6 @@ bool apply_knobs() {
     else if (name == "q_tma") tuning.q_tma = value;
     else if (name == "output_stores") tuning.output_stores = value;
     else if (name == "q_issuers") tuning.q_issuers = value;
-    else if (name == "kv_box_pieces") tuning.kv_box_pieces = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;

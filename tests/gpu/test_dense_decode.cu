@@ -305,25 +305,6 @@ TEST(DenseDecode, QLoadPaths) {
   tuning.q_issuers = saved_issuers;
 }
 
-// KV tiles by 8 KB boxes (1) and by boxes of 2 or 4 of a V part's pieces (DenseDecodeTuning::
-// kv_box_pieces): odd and partial tiles, page sizes 64-256 (and 16, which keeps per-page
-// boxes), d 512, several requests per CTA.
-TEST(DenseDecode, WideKvBoxes) {
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.kv_box_pieces;
-  uint64_t seed = 340;
-  for (int pieces : {2, 4, 1}) {
-    tuning.kv_box_pieces = pieces;
-    SCOPED_TRACE("kv_box_pieces " + std::to_string(pieces));
-    run_case({.h_q = 128, .seqlens = {65, 0, 1, 300, 640}, .num_sm_parts = 2, .seed = seed++});
-    run_case({.h_q = 16, .page_size = 128, .seqlens = {37, 200, 129, 1000}, .seed = seed++});
-    run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 256,
-              .seqlens = {300, 2, 513}, .causal = true, .num_sm_parts = 3, .seed = seed++});
-    run_case({.h_q = 32, .h_kv = 2, .page_size = 16, .seqlens = {90, 33}, .seed = seed++});
-  }
-  tuning.kv_box_pieces = saved;
-}
-
 // The output of unsplit requests both ways (DenseDecodeTuning::output_stores): 16-byte stores after
 // a transpose inside each quad (2, the default; only where out's strides are multiples of 8
 // elements) and 4-byte stores (1, and always for out strides of 2 elements).

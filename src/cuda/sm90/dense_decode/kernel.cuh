@@ -235,25 +235,6 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
   typename Traits::Element* dst = smem.k[stage] + first * Traits::kPieceElems;
   // (Loops kept rolled and no divisions: the producers have 40 registers.)
   if constexpr (!kSmallPages) {  // `block`, `row`: the tile's block and first row in it
-    const int bp = n == 4 ? p.kv_box_pieces : 1;  // pieces a box (params.h tma_kv_wide)
-    if (bp > 1) {
-      // The box at piece c of the part (c = 0, 2 for 2-piece boxes, by issuers 0, 1; c = 0 for
-      // 4-piece ones, by issuer 0) completes piece c's barrier with all its bytes; its other
-      // pieces' barriers only get their phase's arrival (the consumers wait for a part's pieces
-      // in order, so the box's own barrier comes first).
-#pragma unroll 1
-      for (int c = sub * bp; c < 4; c += kIssuersPerStage * bp) {
-        uint64_t* full = &smem.full[stage][first + c];
-        Barrier::arrive_and_expect_tx(full, valid > 0 ? bp * Traits::kPieceBytes : 0);
-        if (valid > 0) {
-          cute::SM90_TMA_LOAD_5D::copy(&p.tma_kv_wide, full, hint, dst + c * Traits::kPieceElems,
-                                       0, row, first + c, kv_head, block);
-        }
-#pragma unroll 1
-        for (int e = 1; e < bp; ++e) cutlass::arch::ClusterBarrier::arrive(full + e);
-      }
-      return;
-    }
 #pragma unroll 1
     for (int c = sub; c < n; c += kIssuersPerStage) {
       uint64_t* full = &smem.full[stage][first + c];

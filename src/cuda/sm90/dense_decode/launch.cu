@@ -145,35 +145,6 @@ Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape
   return Status::Ok();
 }
 
-// The cache as (dim in piece, token-in-page, 64-dim piece, kv head, block), box 64 dims x 64
-// keys x `pieces` pieces: shared memory gets [piece][key][64 dims], the tile's own layout, and the
-// 128 B swizzle repeats every 8 rows either way. Pages of >= 64 keys only. Returns false (the
-// kernel then keeps 8 KB boxes) where the driver refuses the map.
-bool encode_wide_cache_map(const TensorView& k, const core::DenseDecodeShape& shape, void* fallback,
-                           int promotion_bytes, int pieces, CUtensorMap* map) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || shape.page_size < 64) return false;
-  cuuint64_t dims[5] = {64, static_cast<cuuint64_t>(shape.page_size),
-                        static_cast<cuuint64_t>(shape.d_qk / 64), static_cast<cuuint64_t>(shape.h_kv),
-                        static_cast<cuuint64_t>(shape.num_blocks > 0 ? shape.num_blocks : 1)};
-  // Byte strides of dims 1-4; a dim of size 1 gets a dense stride (TMA may refuse the caller's).
-  cuuint64_t strides[4] = {static_cast<cuuint64_t>(k.strides[1]) * 2, 128,
-                           static_cast<cuuint64_t>(shape.h_kv > 1 ? k.strides[2] * 2 : 128 * dims[2]),
-                           static_cast<cuuint64_t>(k.strides[0]) * 2};
-  if (dims[4] == 1) strides[3] = strides[0] * dims[1];
-  void* base = shape.num_blocks > 0 && k.data != nullptr ? k.data : fallback;
-  cuuint32_t box[5] = {64, 64, static_cast<cuuint32_t>(pieces), 1, 1};
-  cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  const CUtensorMapL2promotion promotion =
-      promotion_bytes >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
-      : promotion_bytes >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-      : promotion_bytes >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-                               : CU_TENSOR_MAP_L2_PROMOTION_NONE;
-  return encode(map, tensor_map_dtype(k.dtype), 5, base, dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // q as (dim, head in group, kv head, token, request) for TMA (params.h tma_q): only when one box
 // is a whole Q piece (the group divides 64 or 64 divides it). Returns false to keep the
 // compute threads' loads.
@@ -325,12 +296,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   const int promotion = tuning.l2_promotion >= 0 ? tuning.l2_promotion : (m_blocks == 1 ? 128 : 256);
   OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, promotion, &params.tma_k));
   params.q_tma = tuning.q_tma != 0 && encode_q_map(args.q, shape, shape.h_q / shape.h_kv, &params.tma_q);
-  const int box_pieces = tuning.kv_box_pieces == 2 || tuning.kv_box_pieces == 4 ? tuning.kv_box_pieces : 1;
-  params.kv_box_pieces =
-      box_pieces > 1 && encode_wide_cache_map(args.k_cache, shape, ws, promotion, box_pieces,
-                                              &params.tma_kv_wide)
-          ? box_pieces
-          : 1;
   params.q = args.q.data;
   params.q_stride_b = args.q.strides[0];
   params.q_stride_s = args.q.strides[1];

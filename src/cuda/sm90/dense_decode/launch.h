@@ -52,9 +52,6 @@ struct DenseDecodeTuning {
   int output_stores = 2;
   // Compute warps issuing Q's TMA boxes (1-8): one thread streams only ~32 GB/s into an SM.
   int q_issuers = 8;
-  // 8 KB pieces of a V part per KV TMA box where pages hold >= 64 keys: 1, 2 or 4 (params.h
-  // tma_kv_wide; falls back to 1 where the wide map cannot be encoded).
-  int kv_box_pieces = 1;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

@@ -18,12 +18,6 @@ struct DenseDecodeParams {
   // divides the group (q_tma = 1); otherwise the compute threads load Q (q_tma = 0).
   CUtensorMap tma_q;
   int q_tma;
-  // Pages of >= 64 keys with kv_box_pieces > 1: the cache also as a 5-D map (dim in piece,
-  // token-in-page, piece, kv head, block), box 64 dims x 64 keys x kv_box_pieces pieces, so one
-  // TMA brings 2 or 4 of a V part's 8 KB pieces (one thread streams ~4x more bytes with 32 KB
-  // boxes than with 8 KB ones: openmla_bench_tma_stream). kv_box_pieces = 1: 8 KB boxes only.
-  CUtensorMap tma_kv_wide;
-  int kv_box_pieces;
 
   const void* q;  // [b, s_q, h_q, d_qk]
   int64_t q_stride_b, q_stride_s, q_stride_h;
