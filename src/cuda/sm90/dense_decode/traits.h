@@ -38,14 +38,14 @@ struct DenseDecodeTraits {
   static constexpr int kPartL = 0, kPartR = 1, kPartRope = 2;
   static constexpr int kNumParts = kNumPieces > kNumVPieces ? 3 : 2;
   // The order in which a stage's parts are refilled and then read by QK^T: the order they are
-  // handed back (NOTES.md v9), now the same in both stages. Stage 0: RoPE (WG1 has read P0 from
-  // it), V left (WG0's PV on the tile, right after its softmax), V right (WG1's PV, waited for
-  // after its next softmax). Stage 1: RoPE (WG0 has read P1), V left (WG0, right after its next
-  // QK^T's first part), V right (WG1's PV after its softmax). (Stage 1 read V right first until
-  // session 12, when V left came back after the second part; run 4's timeline had stage 1's V
-  // left issued ~0.6k clocks behind V right, and WG1's QK^T, then its hand-off, waiting for it.)
-  static constexpr int part_order(int /*stage*/, int i) {
-    return kNumParts == 3 ? (i == 0 ? kPartRope : i == 1 ? kPartL : kPartR) : (i == 0 ? kPartL : kPartR);
+  // handed back (NOTES.md v9). Stage 0: RoPE (WG1 has read P0 from it), V left (WG0's PV on
+  // the tile, issued right after its softmax), V right (WG1's PV, run under its next QK^T).
+  // Stage 1: RoPE (WG0 has read P1), V right (WG1's PV right after its softmax), V left (WG0's
+  // PV, run under its next QK^T).
+  static constexpr int part_order(int stage, int i) {
+    return kNumParts == 3 ? (stage == 0 ? (i == 0 ? kPartRope : i == 1 ? kPartL : kPartR)
+                                        : (i == 0 ? kPartRope : i == 1 ? kPartR : kPartL))
+                          : (stage == 0 ? (i == 0 ? kPartL : kPartR) : (i == 0 ? kPartR : kPartL));
   }
   static constexpr int part_first_piece(int part) { return part * 4; }  // L 0-3, R 4-7, RoPE 8
   static constexpr int part_pieces(int part) { return part == kPartRope ? kNumPieces - 8 : 4; }
