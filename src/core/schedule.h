@@ -58,8 +58,10 @@ constexpr int partial_slot(int split, int first, int r) {
 constexpr int64_t partial_block(int slot, int kv_head, int m_block, int h_kv, int m_blocks) {
   return (static_cast<int64_t>(slot) * h_kv + kv_head) * m_blocks + m_block;
 }
+// The same block in float4s, from the count of 16-row groups the kernels hold.
+constexpr int partial_block_float4s(int row_groups, int d_v) { return row_groups * 16 * d_v / 4; }
 constexpr int64_t partial_block_floats(int rows_kv, int d_v) {
-  return static_cast<int64_t>(16) * partial_row_groups(rows_kv) * d_v;
+  return static_cast<int64_t>(4) * partial_block_float4s(partial_row_groups(rows_kv), d_v);
 }
 
 // Slots any schedule of num_sm_parts workers needs: its splits number at most batch +

@@ -26,6 +26,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kDimV = 512;  // d_v (combine.h)
 
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
     // The first piece's block (slot core::partial_slot(first, first, r)), then one block
     // stride per piece; a block is 64 column slots of 32 G float4s.
     const int lanes = 32 * groups;
-    const int64_t block_float4s = 64 * lanes;
+    const int64_t block_float4s = core::partial_block_float4s(groups, kDimV);
     const int64_t block =
         core::partial_block(core::partial_slot(first, first, r), kvh, m_block, p.h_kv, m_blocks);
     const float4* o = reinterpret_cast<const float4*>(p.o_accum) + block * block_float4s +

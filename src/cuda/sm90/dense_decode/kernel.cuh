@@ -653,7 +653,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       const int64_t block = core::partial_block(core::partial_slot(split, first_split, rr),
                                                 kv_head, m_block, p.h_kv, p.m_blocks);
       const int lanes = 32 * p.row_groups;  // the block's float4s of one column slot
-      float4* out = reinterpret_cast<float4*>(p.o_accum) + block * (64 * lanes) +
+      const int block_float4s = core::partial_block_float4s(p.row_groups, Traits::kHeadDimV);
+      float4* out = reinterpret_cast<float4*>(p.o_accum) + block * block_float4s +
                     wg * (Traits::kVHalfDims / 8) * lanes + t;
       if (m_block * 64 + row_of[0] >= p.rows) return;  // both rows past the request's
 #pragma unroll
