@@ -10,8 +10,9 @@
 #                   exported tree (build-ab-<sha>/), then times each b = 128 shape alternately
 #                   (A B A B A B: each a flushed median of 15) and prints the median of the three.
 # Default shapes: 1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024. AB_TARGETS="..." builds
-# more targets of this tree in the same pass (e.g. openmla_gpu_tests); AB_BUILD_ONLY=1 stops after
-# the builds.
+# more targets of this tree in the same pass (e.g. openmla_gpu_tests), AB_TREE_TARGETS="..." of
+# every exported tree (an experiment's own GPU tests: build-ab-<sha>/tests/openmla_gpu_tests);
+# AB_BUILD_ONLY=1 stops after the builds.
 # Knob settings of one binary instead of trees (or besides them): VARIANTS="name:knobs;..." with
 # knobs as OPENMLA_BENCH_KNOBS takes them, e.g.
 #   VARIANTS="base:;first:evict_first=1;normal:evict_first=0" tools/ab_dense_decode.sh run
@@ -69,7 +70,8 @@ case "${1:-}" in
     for dir in "$ROOT"/.ab/*/; do
       [[ -d "$dir" ]] || continue
       sha="$(basename "$dir")"
-      build "$dir" "$ROOT/build-ab-$sha" &
+      # shellcheck disable=SC2086 # a list of words on purpose
+      build "$dir" "$ROOT/build-ab-$sha" ${AB_TREE_TARGETS:-} &
       pids[$sha]=$!
     done
     wait "$this_pid" || { echo "build of this tree failed (ab_build_build-device.log)" | tee -a "$LOG"; exit 1; }
@@ -111,7 +113,7 @@ case "${1:-}" in
     } | tee -a "$LOG"
     ;;
   *)
-    sed -n '2,13p' "$0"
+    sed -n '2,18p' "$0"
     exit 2
     ;;
 esac
