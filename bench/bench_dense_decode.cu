@@ -314,7 +314,8 @@ void print_trace(const long long* trace_d, int pairs) {
               "WG0: 1 P(2k-1) in + its PV_L issued, 2 S(2k) done, 3 P(2k) out, 4 PV(2k)_L done\n"
               "WG1: 0 start (S(2k+1) issued next), 1 P(2k) in + its PV_R issued, 2 S(2k+1) done, "
               "3 P(2k+1) out, 4 PV(2k+1)_R done\nproducers: 0 stage 0's pair start, 1-3 stage 0 parts issued "
-              "(RoPE, L, R), 4-6 stage 1 parts issued (RoPE, R, L)\n");
+              "(RoPE, L, R), 4-6 stage 1 parts issued (RoPE, R, L), 7-9 / 10-12 the same parts "
+              "free (empty barrier passed; d 512: 7-8 / 9-10 free, 3-4 stage 1 issued)\n");
   for (int q = 0; q < pairs; ++q) {
     const long long base = at(0, q, 0);
     if (base == 0) break;
@@ -324,7 +325,7 @@ void print_trace(const long long* trace_d, int pairs) {
     std::printf(" | WG1");
     for (int e = 0; e <= 4; ++e) std::printf(" %6lld", at(1, q, e) ? at(1, q, e) - base : 0);
     std::printf(" | prod");
-    for (int e = 0; e <= 6; ++e) std::printf(" %6lld", at(2, q, e) ? at(2, q, e) - base : 0);
+    for (int e = 0; e <= 12; ++e) std::printf(" %6lld", at(2, q, e) ? at(2, q, e) - base : 0);
     std::printf("\n");
   }
 }

@@ -69,7 +69,7 @@ def main():
         periods = [r[1] for r in steady]
         print(f"  pairs {steady[0][0]}-{steady[-1][0]}: period median {int(statistics.median(periods))}"
               f" (min {min(periods)}, max {max(periods)})")
-        for name, index in (("WG0 1-4", 2), ("WG1 0-4", 3), ("prod 0-6", 4)):
+        for name, index in (("WG0 1-4", 2), ("WG1 0-4", 3), ("prod 0-12", 4)):
             print(f"  {name:9s}" + "".join(f"{v:7d}" for v in median_columns(steady, index)))
     return 0
 

@@ -220,18 +220,20 @@ __device__ __forceinline__ void issue_q(const DenseDecodeParams& p,
 constexpr int kIssuersPerStage = 2;
 
 // One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`, each
-// piece completing its own barrier; this thread issues the part's pieces sub, sub + 2, ... Pages of >= 64 keys: one 64-key box per piece (`block` is
-// the tile's block). Smaller pages: one box per (page, piece), pages past the last valid key not
-// loaded (the consumers zero those V rows and mask those keys).
-template <class Traits, bool kSmallPages>
+// piece completing its own barrier; this thread issues the part's pieces sub, sub + 2, ... Pages
+// of >= 64 keys: one 64-key box per piece (`block` is the tile's block). Smaller pages: one box
+// per (page, piece), pages past the last valid key not loaded (the consumers zero those V rows
+// and mask those keys). `after_wait` runs once the part is free (a trace stamp).
+template <class Traits, bool kSmallPages, class F>
 __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
                                           typename Traits::SharedStorage& smem,
                                           const int32_t* table, int block, int row, int kv_head,
                                           int stage, int part, int t0, int valid, uint32_t phase,
-                                          int sub, uint64_t hint) {
+                                          int sub, uint64_t hint, F&& after_wait) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   const int first = Traits::part_first_piece(part), n = Traits::part_pieces(part);
   cutlass::arch::ClusterBarrier::wait(&smem.empty[stage][part], phase ^ 1);
+  after_wait();
   typename Traits::Element* dst = smem.k[stage] + first * Traits::kPieceElems;
   // (Loops kept rolled and no divisions: the producers have 40 registers.)
   if constexpr (!kSmallPages) {  // `block`, `row`: the tile's block and first row in it
@@ -301,9 +303,11 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
       if (stage == 0) trace.mark(pair, 0);
 #pragma unroll 1
       for (int i = 0; i < Traits::kNumParts; ++i) {
-        load_part<Traits, kSmallPages>(p, smem, table, block, row, kv_head, stage,
-                                       Traits::part_order(stage, i), t0, valid, pair & 1, sub,
-                                       hint);
+        // Stamps: the part free (its empty barrier passed), then issued; the time between the
+        // consumer's release and the first is the producer's wake-up, the rest the TMA issue.
+        load_part<Traits, kSmallPages>(
+            p, smem, table, block, row, kv_head, stage, Traits::part_order(stage, i), t0, valid,
+            pair & 1, sub, hint, [&] { trace.mark(pair, 7 + stage * Traits::kNumParts + i); });
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
         if (i == 0 && it == stage) trace.mark_request(p, 2, r - field(0), 2 * stage + 1);
       }
