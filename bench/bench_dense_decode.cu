@@ -301,7 +301,7 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   return us;
 }
 
-// The timeline of CTA 0 (kernel.cuh Tracer): per pair, each role's stamps in clocks after WG0
+// The timeline of CTA 0 (trace.cuh Tracer): per pair, each role's stamps in clocks after WG0
 // began that pair; the first column is the pair's period (WG0 start to WG0 start).
 void print_trace(const long long* trace_d, int pairs) {
   std::vector<long long> tr(static_cast<size_t>(3) * pairs * 16);
@@ -377,7 +377,7 @@ void print_spans(const long long* trace_d, int pairs) {
   std::printf("\n");
 }
 
-// CTA 0's request boundaries (kernel.cuh Tracer::mark_request), clocks after its kernel entry.
+// CTA 0's request boundaries (trace.cuh Tracer::mark_request), clocks after its kernel entry.
 void print_requests(const long long* trace_d, int pairs) {
   using cuda::sm90::kTraceRequests;
   using cuda::sm90::kTraceRequestEvents;

@@ -256,8 +256,9 @@ TEST(DenseDecodeSmall, PipelineBoundaries) {
   run_case({.h_q = 128, .seqlens = {65, 1, 192}, .num_sm_parts = 1, .seed = 41});
 }
 // Scores ~8x wider than unit-variance data: tile maxima differ by more than the lazy max's
-// threshold (2^8), so the running max moves inside requests, in either warpgroup first, and the
-// two warpgroups' P and maxima must be brought together (kernel.cuh, align_to_other).
+// threshold (2^8), so the running max moves inside requests, in either warpgroup first, and O's
+// rescales (skipped while a warp's factors are all 1) must run (softmax.cuh lazy_max,
+// rescale_rows_if).
 TEST(DenseDecode, WideScoresMoveTheRunningMax) {
   uint64_t seed = 70;
   for (DType dtype : {DType::kBF16, DType::kFP16}) {

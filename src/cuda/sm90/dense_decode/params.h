@@ -63,7 +63,7 @@ struct DenseDecodeParams {
   // Timeline (clock64) of CTA (0,0,0)'s first trace_pairs pairs, [role][pair][event] with role
   // WG0, WG1, producers (both stages) and kTraceEvents events each; then, per CTA (linear block id below
   // kTraceMaxCtas), {globaltimer at start, at end, clock64 at start, at end, SM id, pairs}; then
-  // CTA 0's first kTraceRequests requests, [role][request][event] (kernel.cuh Tracer::mark_request).
+  // CTA 0's first kTraceRequests requests, [role][request][event] (trace.cuh Tracer::mark_request).
   // Null: off (bench/profile only; a build with OPENMLA_DENSE_DECODE_TRACE).
   long long* trace;
   int trace_pairs;

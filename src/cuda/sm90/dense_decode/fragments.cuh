@@ -1,0 +1,67 @@
+// Register fragments through memory (kernel.cuh): P between the two compute warpgroups, and rows
+// of the normalised O to `out` as 16-byte stores.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "cuda/common/quad_transpose.cuh"
+#include "cuda/sm90/dense_decode/primitives.cuh"
+
+namespace openmla::cuda::sm90 {
+namespace dense_decode_detail {
+
+// P fragments cross between the warpgroups thread-major: word 4j..4j+3 of thread t is the 16 B
+// at (j * 128 + t) * 16, so a warp's accesses are 512 contiguous bytes (no bank conflicts).
+template <class TP>
+__device__ __forceinline__ void store_p(void* buf, TP& tOrP, int t) {
+  using namespace cute;
+  Tensor P32 = recast<uint32_t>(tOrP);
+  uint4* dst = static_cast<uint4*>(buf);
+#pragma unroll
+  for (int j = 0; j < size(P32) / 4; ++j) {
+    dst[j * 128 + t] = make_uint4(P32(4 * j), P32(4 * j + 1), P32(4 * j + 2), P32(4 * j + 3));
+  }
+}
+template <class TP>
+__device__ __forceinline__ void load_p(const void* buf, TP& tOrP, int t) {
+  using namespace cute;
+  Tensor P32 = recast<uint32_t>(tOrP);
+  const uint4* src = static_cast<const uint4*>(buf);
+#pragma unroll
+  for (int j = 0; j < size(P32) / 4; ++j) {
+    const uint4 v = src[j * 128 + t];
+    P32(4 * j) = v.x;
+    P32(4 * j + 1) = v.y;
+    P32(4 * j + 2) = v.z;
+    P32(4 * j + 3) = v.w;
+  }
+}
+
+// One row of this thread's half of O (row i of the accumulator, already normalised) into `out`
+// (the row's first column of this warpgroup's half) as 16-byte stores. The 4 lanes of a quad hold the
+// row's n-blocks of 8 columns, 2 columns each (lane q: columns 8 nb + 2 q, + 1); a 4 x 4
+// transpose inside the quad per 4 n-blocks (4 shuffles) gives lane q all 8 columns of n-block
+// 4 g + q. Four times fewer store instructions than one 4-byte store a column pair, each a warp
+// writing 8 rows x 64 contiguous bytes. Every lane shuffles; only `store` lanes write.
+template <class Element, class TO>
+__device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, int q, bool store) {
+  using namespace cute;
+  constexpr int kBlocks = size<1>(TO{}.layout()) / 2;  // n-blocks of 8 columns in the row
+  static_assert(kBlocks % 4 == 0);
+#pragma unroll
+  for (int g = 0; g < kBlocks / 4; ++g) {
+    uint32_t a[4];  // a[k]: this lane's 2 columns of n-block 4 g + k
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = 2 * (4 * g + k);
+      a[k] = pack2<Element>(O(i, j), O(i, j + 1));
+    }
+    const uint4 v = quad_transpose(a, q);
+    if (store) *reinterpret_cast<uint4*>(out + (8 * (4 * g + q)) * 2) = v;
+  }
+}
+
+}  // namespace dense_decode_detail
+}  // namespace openmla::cuda::sm90

@@ -1,0 +1,76 @@
+// Small device helpers of the SM90 dense decode kernel (kernel.cuh) every role uses: named
+// barriers, proxy fences, part hand-back, quad reductions, 16-bit packing, the 128 B swizzle.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+namespace openmla::cuda::sm90 {
+namespace dense_decode_detail {
+
+// Named barriers (hardware ids; 0 is __syncthreads). Counts in threads.
+enum : uint32_t {
+  kBarRequest = 1,   // both compute WGs: Q loaded / previous request finished (256)
+  kBarP0Ready = 2,   // WG0 -> WG1: P0, m0 published (256)
+  kBarP1Ready = 3,   // WG1 -> WG0: P1, m1, scale1 published (256)
+  kBarWg0 = 4,       // inside WG0: its zeroed V rows visible to its own wgmma (128)
+  kBarWg1 = 5,       // inside WG1 (128)
+  kBarEpilogue = 6,  // row sums exchanged (256)
+};
+
+__device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// Generic-proxy smem writes (P, Q, zeroed rows) ordered before async-proxy accesses (wgmma reads,
+// the next TMA write into the same bytes). With a memory clobber, unlike CUTLASS's
+// fence_view_async_shared: the stores before it must not sink below it.
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// A part of a stage handed back to its producer warp: lane 0 of each of the 4 warps of the
+// releasing warpgroup arrives (the empty barrier counts 4).
+__device__ __forceinline__ void release_part(uint64_t* empty, int lane) {
+  if (lane == 0) cutlass::arch::ClusterBarrier::arrive(empty);
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <typename Element>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (cute::is_same_v<Element, cute::bfloat16_t>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Byte offset of (row, 16-byte chunk) inside an 8 KB piece of 64 rows x 128 B, 128 B swizzle
+// (the TMA/GMMA pattern: chunk index XOR row mod 8; pieces start on 1024 B boundaries).
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+}  // namespace dense_decode_detail
+}  // namespace openmla::cuda::sm90
