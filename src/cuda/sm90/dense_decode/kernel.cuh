@@ -72,15 +72,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // Descriptors of stage 0; stage 1 by byte offset (at_offset).
   Tensor tSrK = thr_qk.partition_fragment_B(
       make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutK{}));  // (MMA,1,D/16)
-  // Q's RoPE piece (d 576) in registers for the RoPE part's RS wgmma (unused at d 512).
-  typename Traits::TiledMmaQKrs mma_qk_rs;
-  auto thr_qk_rs = mma_qk_rs.get_thread_slice(t);
-  Tensor sQr = make_tensor(make_smem_ptr(smem.q + (Traits::kNumPieces - 1) * Traits::kQPieceElems),
-                           typename Traits::SmemLayoutP{});                      // (64,64)
-  Tensor tSrQr = thr_qk_rs.partition_fragment_A(sQr);                             // (MMA,1,4)
-  Tensor tSsQr = thr_qk_rs.partition_A(sQr);
-  Tensor tSrKr = thr_qk_rs.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutK{}));  // (MMA,1,D/16)
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<64>, Int<kBlockN>>{});  // (MMA,1,1) fp32
   Tensor S = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));             // (2,16)
   Tensor cS = make_identity_tensor(Shape<Int<64>, Int<kBlockN>>{});
@@ -125,12 +116,11 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // request boundary; issued earlier, by the producer warps right after the last QK^T, or
   // prefetched into L2, it measured no better: NOTES.md session 8.)
   const int warp = thread / 32;  // 0-7 over both warpgroups
-  // (A function, not a bool held across the request loop: ptxas spilled that predicate.)
-  auto q_issuer = [&] { return p.q_tma && lane == 0 && warp < p.q_issuers; };
+  const bool q_issuer = p.q_tma && lane == 0 && warp < p.q_issuers;
   auto load_q_tma = [&](int r) {
     issue_q<Traits>(p, smem, r, kv_head, m_block, warp, p.q_issuers, warp == 0);
   };
-  if (q_issuer() && field(0) <= field(2)) load_q_tma(field(0));
+  if (q_issuer && field(0) <= field(2)) load_q_tma(field(0));
   uint32_t q_phase = 0;
 
   // Output of a finished request, O already normalised (1/l folded in). (Its 64 KB of stores
@@ -207,7 +197,6 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       fence_async_smem();
     }
     bar_sync(kBarRequest, 256);
-    if constexpr (Traits::kPInKTile) copy(tSsQr, tSrQr);  // Q's RoPE piece into registers
 
     int limit[2];  // keys >= limit are masked (piece end, causal)
 #pragma unroll
@@ -241,10 +230,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     // S = Q K^T of stage kStage's tile of pair k, masked, and its row maxima.
     auto score = [&](auto stage_c, int k, uint32_t phase, float(&mx)[2], auto&& after_first_part) {
       constexpr int kStage = decltype(stage_c)::value;
-      gemm_qk<Traits, kStage>(mma_qk, mma_qk_rs, at_offset(tSrQ, 0), tSrQr,
-                              at_offset(tSrK, kStage * kStageBytes),
-                              at_offset(tSrKr, kStage * kStageBytes), tSrS, smem.full[kStage],
-                              phase, after_first_part);
+      gemm_qk<Traits, kStage>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStage * kStageBytes),
+                              tSrS, smem.full[kStage], phase, after_first_part);
       warpgroup_fence_operand(tOrO);
       score_tail(kStage, k, mx);
     };
@@ -336,8 +323,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         // ---- S of tile 2k + 1 issued first: it needs nothing of WG0's, and its stage has
         // usually landed by now (v10 issued it behind the PV on P(2k), ~1k clocks later) ----
         if constexpr (has1) {
-          gemm_qk<Traits, 1, true>(mma_qk, mma_qk_rs, at_offset(tSrQ, 0), tSrQr,
-                                   at_offset(tSrK, kStageBytes), at_offset(tSrKr, kStageBytes),
+          gemm_qk<Traits, 1, true>(mma_qk, at_offset(tSrQ, 0), at_offset(tSrK, kStageBytes),
                                    tSrS, smem.full[1], phase, [] {});
         }
         // ---- P of tile 2k from WG0: O_R *= e^(m - m0), issue O_R += P V_R on it ----
@@ -437,7 +423,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     }
     bar_sync(kBarEpilogue, 256);
     trace.mark_request(p, wg, r - field(0), 5);
-    if (q_issuer() && r < field(2)) load_q_tma(r + 1);
+    if (q_issuer && r < field(2)) load_q_tma(r + 1);
     const bool single = n_splits == 1;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

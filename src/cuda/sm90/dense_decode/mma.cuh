@@ -39,12 +39,9 @@ __device__ __forceinline__ auto at_offset(Frag const& frag, uint32_t bytes) {
 // for stage 0's V left to land first held WG1's next S and its hand-off: -3.0% at h_q 128 L 4096,
 // session 12.)
 // kIssueOnly: every part issued and committed, nothing waited for (the caller waits).
-// The RoPE part's k-steps take Q's RoPE piece from registers (tSrQr, an RS wgmma `mma_rs` with
-// descriptors tSrKr of the same K bytes).
-template <class Traits, int kStage, bool kIssueOnly = false, class Mma, class MmaRs, class TQ,
-          class TQr, class TK, class TKr, class TS, class F>
-__device__ __forceinline__ void gemm_qk(Mma& mma, MmaRs& mma_rs, TQ const& tSrQ, TQr const& tSrQr,
-                                        TK const& tSrK, TKr const& tSrKr, TS& tSrS,
+template <class Traits, int kStage, bool kIssueOnly = false, class Mma, class TQ, class TK,
+          class TS, class F>
+__device__ __forceinline__ void gemm_qk(Mma& mma, TQ const& tSrQ, TK const& tSrK, TS& tSrS,
                                         uint64_t* full, uint32_t phase, F&& after_first_part) {
   using namespace cute;
   constexpr int kSteps = Traits::kPieceDims / 16;
@@ -64,13 +61,8 @@ __device__ __forceinline__ void gemm_qk(Mma& mma, MmaRs& mma_rs, TQ const& tSrQ,
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
         const bool first = i == 0 && c == Traits::part_first_piece(part) && kk == 0;
-        if (part == Traits::kPartRope) {
-          mma_rs.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-          gemm(mma_rs, tSrQr(_, _, kk), tSrKr(_, _, c * kSteps + kk), tSrS);
-        } else {
-          mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-          gemm(mma, tSrQ(_, _, c * kSteps + kk), tSrK(_, _, c * kSteps + kk), tSrS);
-        }
+        mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        gemm(mma, tSrQ(_, _, c * kSteps + kk), tSrK(_, _, c * kSteps + kk), tSrS);
       }
     }
     warpgroup_commit_batch();

@@ -94,12 +94,6 @@ struct DenseDecodeTraits {
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_64>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>()));
-  // The QK^T's RoPE part (d 576) with Q's RoPE piece from registers (loaded once a request):
-  // 16 KB less shared-memory traffic a pair.
-  using TiledMmaQKrs = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_64>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
   // O_half += P V_half: 64 x 256 x 16 wgmma, P from registers (its accumulator order is the A
   // fragment's order), V MN-major from shared memory.
   using TiledMmaPV = decltype(cute::make_tiled_mma(
