@@ -229,7 +229,7 @@ int decode_combine_warps_per_row(int batch, int num_sm_parts) {
 }
 
 cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_dtype,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, bool programmatic) {
   if (params.batch == 0 || params.s_q * params.h_q == 0) return cudaSuccess;
   const int G = params.warps_per_row;
   if (G != 1 && G != 2 && G != 4 && G != 8) return cudaErrorInvalidValue;
@@ -255,7 +255,7 @@ cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_d
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = programmatic ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 

@@ -42,8 +42,10 @@ struct DecodeCombineParams {
 // request has a few splits, up to 8 when one long request is split over every worker.
 int decode_combine_warps_per_row(int batch, int num_sm_parts);
 
-// d_v is 512. `out_dtype` is kBF16 or kFP16. One launch on `stream`, PDL-attributed.
+// d_v is 512. `out_dtype` is kBF16 or kFP16. One launch on `stream`, PDL-attributed unless
+// `programmatic` is false (then it starts after the decode kernel ends: a diagnostic that times
+// the combine's own work apart from its wait).
 cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_dtype,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, bool programmatic = true);
 
 }  // namespace openmla::cuda

@@ -55,6 +55,9 @@ struct DenseDecodeTuning {
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;
+  // Diagnostics only: 0 launches the combine without programmatic dependent launch (it starts
+  // once the decode kernel has ended), so its own time shows apart from its wait for the decode.
+  int combine_pdl = 1;
   // device buffer: 3 x trace_pairs x 16 clock64 stamps of CTA 0, then kTraceMaxCtas x 6 CTA spans,
   // then 3 x kTraceRequests x kTraceRequestEvents request stamps of CTA 0 (params.h)
   long long* trace = nullptr;
