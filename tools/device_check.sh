@@ -11,7 +11,8 @@
 #   summary.txt    versions, then PASS/FAIL/SKIP per step as each finishes
 #   build.log      configure + build output        ptxas.txt   registers/stack/spills per kernel
 #   cpu_tests.txt  gpu_tests.txt  sanitizer.txt    bench.txt   (every openmla_bench_* appended)
-#   python.txt     pytest on the GPU, the context-parallel example, the demo (main job)
+#   python.txt     pytest on the GPU, the context-parallel example (simulated shards, and one
+#                  rank a GPU through NCCL where the machine has 2 or more), the demo (main job)
 # Exits non-zero when any step failed; later steps still run where they can.
 #
 # Options (environment):
@@ -252,6 +253,18 @@ else
     run_step "$LOG" 180 python3 "$ROOT/examples/context_parallel_decode.py" --simulate 4
     if [[ $STEP_RC -eq 0 ]]; then record context_par PASS "$STEP_SECONDS" "$(grep -m1 '^simulated' "$LOG" | cut -c1-150)"; else
       record context_par FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
+    # The same on every GPU of the machine, one rank each, through NCCL (issue 6; NVLink
+    # multicast off, as the device notes require).
+    gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+    if [[ "${gpus:-0}" -ge 2 ]]; then
+      run_step "$LOG" 300 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+        python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
+        "$ROOT/examples/context_parallel_decode.py"
+      if [[ $STEP_RC -eq 0 ]]; then record context_nccl PASS "$STEP_SECONDS" "$(grep -m1 'ranks (NCCL)' "$LOG" | cut -c1-150)"; else
+        record context_nccl FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
+    else
+      record context_nccl SKIP 0 "${gpus:-0} GPU: the NCCL run needs a machine with 2 or more (nvidia-h200-x2)"
+    fi
   fi
 fi
 if built "$BUILD_DIR/bench/openmla_demo"; then
