@@ -96,6 +96,38 @@ class Timer:
             self.ms = (time.perf_counter() - self.t0) * 1e3
 
 
+def graph_ms(fn, iters):
+    """Median ms of one replay of `fn` captured in a CUDA graph: device time without Python's
+    per-call overhead, as an engine that captures its decode steps sees it. (ms, None), or
+    (None, why) when the capture fails; the eager figures stand either way."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # warm-up outside the capture (allocator pools, one-time attributes)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the NCCL watchdog thread's event queries must not void the capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            fn()
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times), None
+    except Exception as error:  # noqa: BLE001 - reported next to the eager figures
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            pass
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
 def check(out, lse, ref_out, ref_lse, label):
     err, lse_err = rel_err(out, ref_out), (lse - ref_lse).abs().max().item()
     ok = err < 1e-2 and lse_err < 1e-3
@@ -125,7 +157,19 @@ def run_simulated(args):
           f"h_q={args.heads} seqlen={args.seqlen}: step {statistics.median(step_ms):.3f} ms "
           f"(median of {args.iters}), merge {statistics.median(merge_ms):.3f} ms "
           f"({100 * statistics.median(merge_ms) / statistics.median(step_ms):.1f}% of the step)")
-    return check(out, lse, ref_out, ref_lse, "sharded vs single decode")
+    ok = check(out, lse, ref_out, ref_lse, "sharded vs single decode")
+    if device.type == "cuda":  # after the check: a failed capture cannot touch its result
+        def step():
+            parts = [decode(q, *s) for s in shards]
+            return merge(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+        step_g, why = graph_ms(step, args.iters)
+        merge_g, why_merge = graph_ms(lambda: merge(outs, lses), args.iters)
+        if step_g is not None and merge_g is not None:
+            print(f"CUDA graph (device time): step {step_g:.3f} ms, merge {merge_g:.3f} ms "
+                  f"({100 * merge_g / step_g:.1f}% of the step), median of {args.iters} replays")
+        else:
+            print(f"CUDA graph timing unavailable: {why or why_merge}")
+    return ok
 
 
 def run_distributed(args):
@@ -164,6 +208,18 @@ def run_distributed(args):
         ok = check(out, lse, ref_out, ref_lse, "context-parallel vs single-GPU decode")
     flag = torch.tensor([int(ok)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    # Each rank's decode and the merge in CUDA graphs (no collective inside a graph: a capture
+    # failing on one rank cannot leave another waiting in it), after the check.
+    decode_g, why = graph_ms(lambda: decode(q, *shard), args.iters)
+    merge_g, why_merge = graph_ms(lambda: merge(outs, lses), args.iters)
+    if rank == 0:
+        if decode_g is not None and merge_g is not None:
+            gather = statistics.median(gather_ms)
+            print(f"CUDA graph (device time, rank 0): decode {decode_g:.3f} ms, merge "
+                  f"{merge_g:.3f} ms; with the eager all-gather ({gather:.3f} ms) the merge is "
+                  f"{100 * merge_g / (decode_g + gather + merge_g):.1f}% of the step")
+        else:
+            print(f"CUDA graph timing unavailable: {why or why_merge}")
     dist.destroy_process_group()
     return bool(flag.item())
 

@@ -251,7 +251,7 @@ else
         record "$step" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) $summary"; fi
     done
     run_step "$LOG" 180 python3 "$ROOT/examples/context_parallel_decode.py" --simulate 4
-    if [[ $STEP_RC -eq 0 ]]; then record context_par PASS "$STEP_SECONDS" "$(grep -m1 '^simulated' "$LOG" | cut -c1-150)"; else
+    if [[ $STEP_RC -eq 0 ]]; then record context_par PASS "$STEP_SECONDS" "$(grep -m1 '^simulated' "$LOG" | cut -c1-150); $(grep '^CUDA graph' "$LOG" | tail -n 1 | cut -c1-150)"; else
       record context_par FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
     # The same on every GPU of the machine, one rank each, through NCCL (issue 6; NVLink
     # multicast off, as the device notes require).
@@ -260,7 +260,7 @@ else
       run_step "$LOG" 300 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
         python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
         "$ROOT/examples/context_parallel_decode.py"
-      if [[ $STEP_RC -eq 0 ]]; then record context_nccl PASS "$STEP_SECONDS" "$(grep -m1 'ranks (NCCL)' "$LOG" | cut -c1-150)"; else
+      if [[ $STEP_RC -eq 0 ]]; then record context_nccl PASS "$STEP_SECONDS" "$(grep -m1 'ranks (NCCL)' "$LOG" | cut -c1-150); $(grep '^CUDA graph' "$LOG" | tail -n 1 | cut -c1-150)"; else
         record context_nccl FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
     else
       record context_nccl SKIP 0 "${gpus:-0} GPU: the NCCL run needs a machine with 2 or more (nvidia-h200-x2)"
