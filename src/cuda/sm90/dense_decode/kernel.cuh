@@ -1,5 +1,8 @@
 // SM90 dense MLA decode: two TMA producer warps + two wgmma warpgroups in a software-pipelined
-// seesaw. Design, numbers and tuning history: NOTES.md. Compile-time choices: traits.h.
+// seesaw. Design, numbers and tuning history: NOTES.md. Compile-time choices: traits.h. This file
+// holds the compute warpgroups' loop, the kernel and its launch; the pieces they use live beside
+// it: producer.cuh (TMA refills, Q), mma.cuh, softmax.cuh, mask.cuh, fragments.cuh (P exchange,
+// output stores), primitives.cuh, trace.cuh.
 //
 // Grid (m_blocks, h_kv, num_sm_parts), 384 threads, one CTA per SM. CTA (m, g, w) serves query
 // rows [64 m, 64 m + 64) of kv head g for every request piece of schedule worker w; a request
