@@ -40,8 +40,8 @@ __device__ __forceinline__ void load_p(const void* buf, TP& tOrP, int t) {
 }
 
 // One row of this thread's half of O (row i of the accumulator, already normalised) into `out`
-// (the row's first column of this warpgroup's half) as 16-byte stores. The 4 lanes of a quad hold the
-// row's n-blocks of 8 columns, 2 columns each (lane q: columns 8 nb + 2 q, + 1); a 4 x 4
+// (the row's first column of this warpgroup's half) as 16-byte stores. The 4 lanes of a quad
+// hold the row's n-blocks of 8 columns, 2 columns each (lane q: columns 8 nb + 2 q, + 1); a 4 x 4
 // transpose inside the quad per 4 n-blocks (4 shuffles) gives lane q all 8 columns of n-block
 // 4 g + q. Four times fewer store instructions than one 4-byte store a column pair, each a warp
 // writing 8 rows x 64 contiguous bytes. Every lane shuffles; only `store` lanes write.

@@ -372,7 +372,9 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   combine.h_kv = params.h_kv;
   combine.out_16B = strides_aligned(args.out, 8);
   combine.warps_per_row = decode_combine_warps_per_row(params.batch, parts);
-  return cuda_error(launch_decode_combine(combine, args.q.dtype, stream, tuning.combine_pdl != 0), "combine launch");
+  return cuda_error(
+      launch_decode_combine(combine, args.q.dtype, stream, tuning.combine_pdl != 0),
+      "combine launch");
 }
 
 }  // namespace openmla::cuda::sm90

@@ -111,7 +111,8 @@ __device__ __forceinline__ void load_part(const DenseDecodeParams& p,
       for (int j = 0; j < pages; ++j) {
         const int b = table[(first_page + j) * p.block_table_stride_n];
         cute::SM90_TMA_LOAD_4D::copy(&p.tma_k, full, hint,
-                                     dst + c * Traits::kPieceElems + j * p.page_size * Traits::kPieceDims,
+                                     dst + c * Traits::kPieceElems +
+                                         j * p.page_size * Traits::kPieceDims,
                                      (first + c) * Traits::kPieceDims, 0, kv_head, b);
       }
     }
