@@ -180,7 +180,7 @@ run_tests() {  # run_tests STEP BINARY LOGFILE
   fi
   run_step "$log" "${TEST_TIMEOUT:-240}" "$bin" --gtest_color=no "${GTEST_FILTER_ARG[@]}"
   local summary
-  summary="$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | head -n 2 | tr '\n' ' ')"
+  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$log" | head -n 3 | tr '\n' ' ')"
   if [[ $STEP_RC -eq 0 ]]; then
     record "$step" PASS "$STEP_SECONDS" "$summary"
   else

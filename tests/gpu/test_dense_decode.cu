@@ -41,6 +41,7 @@ struct DecodeCase {
   uint64_t seed = 1;
   int out_gap = 32;       // strided out: elements between heads, tokens, requests (2: 4-byte rows)
   double q_sigma = 1.0;   // q ~ N(0, q_sigma^2): wider scores move the running max more often
+  int device = 0;         // the GPU every tensor lives on (current during the case)
 };
 
 std::string describe(const DecodeCase& c) {
@@ -48,7 +49,7 @@ std::string describe(const DecodeCase& c) {
                   std::to_string(c.s_q) + " h_q " + std::to_string(c.h_q) + " h_kv " +
                   std::to_string(c.h_kv) + " page " + std::to_string(c.page_size) +
                   (c.causal ? " causal" : "") + " parts " + std::to_string(c.num_sm_parts) +
-                  " seqlens [";
+                  (c.device != 0 ? " cuda:" + std::to_string(c.device) : "") + " seqlens [";
   for (size_t i = 0; i < c.seqlens.size() && i < 8; ++i) {
     if (i > 0) s += ",";
     s += std::to_string(c.seqlens[i]);
@@ -180,9 +181,9 @@ DeviceSchedule plan_on_gpu(const TensorView& seqlens, int64_t batch, int parts, 
   s.metadata.poison();
   s.num_splits.poison();
   s.view.metadata = TensorView::contiguous(s.metadata.data(), DType::kInt32,
-                                           {parts, kScheduleMetadataInts}, Device::cuda(0));
+                                           {parts, kScheduleMetadataInts}, Device::cuda(c.device));
   s.view.num_splits = TensorView::contiguous(s.num_splits.data(), DType::kInt32, {batch + 1},
-                                             Device::cuda(0));
+                                             Device::cuda(c.device));
   DecodeScheduleArgs a;
   a.seqlens = seqlens;
   a.s_q = c.s_q, a.h_q = c.h_q, a.h_kv = c.h_kv;
@@ -196,12 +197,18 @@ DeviceSchedule plan_on_gpu(const TensorView& seqlens, int64_t batch, int parts, 
 }
 
 size_t workspace_bytes(const DecodeCase& c, int64_t batch) {
-  const size_t by_device = dense_decode_workspace_size(Device::cuda(0), static_cast<int>(batch),
-                                                       c.s_q, c.h_q, c.h_kv, kDimV);
+  const size_t by_device = dense_decode_workspace_size(
+      Device::cuda(c.device), static_cast<int>(batch), c.s_q, c.h_q, c.h_kv, kDimV);
   if (c.num_sm_parts <= 0) return by_device;
   return std::max(by_device, cuda::sm90::dense_decode_workspace_bytes(
                                  static_cast<int>(batch), c.s_q, c.h_q, c.h_kv, kDimV, c.num_sm_parts));
 }
+
+// Makes `device` current for a scope (buffers are allocated on the current device).
+struct CurrentDevice {
+  explicit CurrentDevice(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
+  ~CurrentDevice() { (void)cudaSetDevice(0); }
+};
 
 void run_case(const DecodeCase& c) {
   SCOPED_TRACE(describe(c));
@@ -210,10 +217,12 @@ void run_case(const DecodeCase& c) {
   run_reference(&p, c.causal);
   const int64_t b = p.batch;
 
-  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache);
-  DeviceTensor table = to_device(p.block_table), seqlens = to_device(p.seqlens);
+  const CurrentDevice current(c.device);
+  DeviceTensor q = to_device(p.q, c.device), k = to_device(p.k_cache, c.device);
+  DeviceTensor table = to_device(p.block_table, c.device);
+  DeviceTensor seqlens = to_device(p.seqlens, c.device);
   HostTensor out = make_out(c, b), lse = make_lse(c, b);
-  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
+  DeviceTensor out_d = poisoned_like(out, c.device), lse_d = poisoned_like(lse, c.device);
   DeviceBuffer workspace(workspace_bytes(c, b));
   workspace.poison();
 
@@ -425,6 +434,24 @@ TEST(DenseDecode, CombineWarpsPerRowPair) {
   }
   run_case({.h_q = 128, .seqlens = {1500, 700, 2200, 900, 1300, 64, 1800, 1000, 2500, 10},
             .seed = seed++});
+}
+
+// One process, two GPUs: a kernel's opt-in to > 48 KB of shared memory holds for one device
+// only (cuda/common/smem_opt_in.h). Before session 14 it was made once per process, and every
+// decode on the second device failed. Splits over 10 requests: the decode kernel (~221 KB), the
+// planner and the combine on each device, then device 0 again.
+TEST(DenseDecodeMultiGpu, SecondDeviceInTheSameProcess) {
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (count < 2) GTEST_SKIP() << "needs 2 GPUs (nvidia-h200-x2); this machine has " << count;
+  Rng rng(179);
+  std::vector<int> lens(10);
+  for (int& l : lens) l = static_cast<int>(rng.randint(300, 2500));
+  uint64_t seed = 180;
+  for (int device : {0, 1, 0, 1}) {
+    run_case({.h_q = 16, .seqlens = lens, .seed = seed++, .device = device});
+    run_case({.h_q = 64, .seqlens = lens, .num_sm_parts = 200, .seed = seed++, .device = device});
+  }
 }
 
 // --- the GPU planner, bit for bit ---------------------------------------------------------------

@@ -17,6 +17,7 @@
 
 #include "core/schedule.h"
 #include "core/schedule_greedy.h"
+#include "cuda/common/smem_opt_in.h"
 #include "openmla/ops.h"
 
 namespace openmla::cuda {
@@ -300,11 +301,10 @@ cudaError_t launch_plan_decode_schedule(const DecodeSchedulePlan& plan, cudaStre
   const int parts = plan.num_sm_parts > 1 ? plan.num_sm_parts : 1;
   if (parts > kMaxPlannerSmParts) return cudaErrorInvalidValue;
   const size_t smem_bytes = planner_smem_bytes(parts);
-  if (smem_bytes > 48 * 1024) {  // above the default limit: thousands of workers
-    static const cudaError_t attr_error = cudaFuncSetAttribute(
-        plan_decode_schedule_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(planner_smem_bytes(kMaxPlannerSmParts)));
-    if (attr_error != cudaSuccess) return attr_error;
+  // Above the default limit with thousands of workers.
+  if (const cudaError_t err = allow_dynamic_smem(plan_decode_schedule_kernel, smem_bytes);
+      err != cudaSuccess) {
+    return err;
   }
   plan_decode_schedule_kernel<<<1, kThreads, smem_bytes, stream>>>(plan);
   return cudaGetLastError();

@@ -37,6 +37,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "core/schedule.h"
+#include "cuda/common/smem_opt_in.h"
 #include "cuda/sm90/dense_decode/fragments.cuh"
 #include "cuda/sm90/dense_decode/launch.h"
 #include "cuda/sm90/dense_decode/mask.cuh"
@@ -550,9 +551,9 @@ cudaError_t launch_dense_decode_kernel(const DenseDecodeParams& params, int num_
                                        int h_kv, int num_sm_parts, cudaStream_t stream) {
   using Traits = DenseDecodeTraits<Element, kHeadDimQK>;
   auto kernel = dense_decode_kernel<Traits>;
-  static const cudaError_t attr_error = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-  if (attr_error != cudaSuccess) return attr_error;
+  if (const cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes); err != cudaSuccess) {
+    return err;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(num_m_blocks, h_kv, num_sm_parts);
   config.blockDim = dim3(Traits::kNumThreads);
