@@ -315,6 +315,31 @@ TEST(DenseDecode, QLoadPaths) {
   tuning.q_issuers = saved_issuers;
 }
 
+// The combine's two loops (DenseDecodeTuning::combine_batched): splits staged in shared memory by
+// cp.async, 8 a warp with one slot a lane (one long request; several batches and a partial last
+// one at 70001 keys), 2 with eight (G = 1, 2, 4: few workers, batches of 10 and 24), and one
+// split's loads at a time.
+TEST(DenseDecode, CombineLoops) {
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.combine_batched;
+  Rng rng(339);
+  std::vector<int> ten(10), many(24);
+  for (int& l : ten) l = static_cast<int>(rng.randint(300, 2500));
+  for (int& l : many) l = static_cast<int>(rng.randint(300, 2500));
+  uint64_t seed = 340;
+  for (int mode : {1, 0}) {
+    tuning.combine_batched = mode;
+    SCOPED_TRACE("combine_batched " + std::to_string(mode));
+    run_case({.h_q = 16, .seqlens = {70001}, .seed = seed++});
+    run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 128, .seqlens = {40000}, .seed = seed++});
+    run_case({.s_q = 2, .h_q = 40, .h_kv = 2, .seqlens = ten, .causal = true, .seed = seed++});
+    run_case({.h_q = 24, .seqlens = many, .seed = seed++, .out_gap = 2});
+    run_case({.s_q = 2, .h_q = 128, .page_size = 32, .seqlens = {0, 300, 129, 700},
+              .causal = true, .num_sm_parts = 5, .seed = seed++});
+  }
+  tuning.combine_batched = saved;
+}
+
 // The output of unsplit requests both ways (DenseDecodeTuning::output_stores): 16-byte stores after
 // a transpose inside each quad (2, the default; only where out's strides are multiples of 8
 // elements) and 4-byte stores (1, and always for out strides of 2 elements).
@@ -439,7 +464,7 @@ TEST(DenseDecode, CombineWarpsPerRowPair) {
 // One process, two GPUs: a kernel's opt-in to > 48 KB of shared memory holds for one device
 // only (cuda/common/smem_opt_in.h). Before session 14 it was made once per process, and every
 // decode on the second device failed. Splits over 10 requests: the decode kernel (~221 KB), the
-// planner and the combine on each device, then device 0 again.
+// planner and the combine (staged: four warps a unit, ~101 KB) on each device, then device 0 again.
 TEST(DenseDecodeMultiGpu, SecondDeviceInTheSameProcess) {
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
@@ -448,10 +473,14 @@ TEST(DenseDecodeMultiGpu, SecondDeviceInTheSameProcess) {
   std::vector<int> lens(10);
   for (int& l : lens) l = static_cast<int>(rng.randint(300, 2500));
   uint64_t seed = 180;
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.combine_batched;
+  tuning.combine_batched = 1;
   for (int device : {0, 1, 0, 1}) {
     run_case({.h_q = 16, .seqlens = lens, .seed = seed++, .device = device});
     run_case({.h_q = 64, .seqlens = lens, .num_sm_parts = 200, .seed = seed++, .device = device});
   }
+  tuning.combine_batched = saved;
 }
 
 // --- the GPU planner, bit for bit ---------------------------------------------------------------

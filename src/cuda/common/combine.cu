@@ -2,10 +2,11 @@
 // it (combine.h, "o_accum"): a block per (partial slot, kv head, m-block), float4 (32 wg + k) *
 // 32 G + t (G 16-row groups) holding rows r, r + 8 (r = 16 (t / 32) + (t % 32) / 4) x dims
 // 256 wg + 8 k + 2 (t % 4), + 1. A warp here takes what one decode warp held: lane l of the warp
-// for 16-row group w reads float4 slot * 32 G + 32 w + l of each of its slots (32 wg + k), so every load instruction is
-// 512 contiguous bytes, and sums them over the splits with its rows' weights, in one pass with a
-// running max; a 4 x 4 transpose in each quad then gives every lane 8 contiguous dims of one
-// n-block for 16-byte stores.
+// for 16-row group w reads float4 slot * 32 G + 32 w + l of each of its slots (32 wg + k), so
+// every load instruction is 512 contiguous bytes, and sums them over the splits with its rows'
+// weights, in one pass with a running max; a 4 x 4 transpose in each quad then gives every lane 8
+// contiguous dims of one n-block for 16-byte stores. A warp stages a few splits at a time in
+// shared memory by cp.async (loads_batched), so their loads are in flight together.
 // A unit (one warp, or G = params.warps_per_row warps that deal the splits and meet once in
 // shared memory) is 8 slots of a 16-row group (G <= 4) or 1 (G = 8: one long request, few rows,
 // 8x the blocks). With G = 1 a unit needs no barrier at all. (Before session 10 the decode
@@ -15,9 +16,11 @@
 
 #include "core/schedule.h"
 #include "cuda/common/quad_transpose.cuh"
+#include "cuda/common/smem_opt_in.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline_primitives.h>
 
 #include <cmath>
 
@@ -27,6 +30,22 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kDimV = 512;  // d_v (combine.h)
+// Splits a warp stages at a time through shared memory (loads_batched): 8 of one slot a lane
+// (G = 8), 2 of eight slots.
+constexpr int stage_splits(int slots) { return slots == 1 ? 8 : 2; }
+
+// Float4s of the G warps' sums and stats (G > 1), where the staging starts.
+constexpr int merge_float4s(int slots, int G) { return G > 1 ? kWarps * (slots + 1) * 32 : 0; }
+
+// Dynamic shared memory of a block: the G warps' sums and stats, then each warp's staging (its
+// splits' partials, then the 16 lse values of each).
+size_t combine_smem_bytes(int slots, int G, bool batched) {
+  size_t bytes = sizeof(float4) * merge_float4s(slots, G);
+  if (batched) {
+    bytes += (sizeof(float4) * slots * 32 + sizeof(float) * 16) * kWarps * stage_splits(slots);
+  }
+  return bytes;
+}
 
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -54,7 +73,9 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   constexpr int kChunks = 64 / kSlots;  // units a 16-row group's 64 slots are dealt over
-  extern __shared__ float4 part[];  // G > 1: each warp's partial sums (kSlots x 32), then stats
+  // G > 1: each warp's partial sums (kSlots x 32), then stats; then each warp's staging
+  // (loads_batched; combine_smem_bytes).
+  extern __shared__ float4 part[];
   const int G = p.warps_per_row;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = warp % G;
@@ -100,17 +121,13 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
     const float4* o = reinterpret_cast<const float4*>(p.o_accum) + block * block_float4s +
                       chunk * kSlots * lanes + 32 * w + lane;
     const int64_t split_stride = static_cast<int64_t>(p.h_kv) * m_blocks * block_float4s;
-    // Loads unconditional (a split that saw no key, lse -inf, weighs 0 by a select after its
-    // load), so the unrolled iterations' loads are all in flight at once.
-    constexpr int kUnroll = kSlots == 1 ? 16 : 2;
-#pragma unroll kUnroll
-    for (int i = g; i < n; i += G) {
-      const float l0 = lse0[static_cast<int64_t>(i) * rows];
-      const float l1 = lse1[static_cast<int64_t>(i) * rows];
+    // One split into the running (mx, sum, acc): e^(mx - new max) rescales the sums so far (1
+    // while the max stays; 0 from -inf), e^(l - new max) weighs the split (0 where it saw no
+    // key; its values, which may be garbage, are dropped).
+    auto add_split = [&](float l0, float l1, const float4 (&xs)[kSlots]) {
       const float n0 = fmaxf(mx0, l0), n1 = fmaxf(mx1, l1);
-      // e^(mx - new max) rescales the sums so far (1 while the max stays; 0 from -inf),
-      // e^(l - new max) weighs this split (0 where it saw no key).
-      const float c0 = mx0 == n0 ? 1.f : __expf(mx0 - n0), c1 = mx1 == n1 ? 1.f : __expf(mx1 - n1);
+      const float c0 = mx0 == n0 ? 1.f : __expf(mx0 - n0);
+      const float c1 = mx1 == n1 ? 1.f : __expf(mx1 - n1);
       const float w0 = l0 == -INFINITY ? 0.f : __expf(l0 - n0);
       const float w1 = l1 == -INFINITY ? 0.f : __expf(l1 - n1);
       mx0 = n0;
@@ -119,13 +136,73 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
       sum1 = sum1 * c1 + w1;
 #pragma unroll
       for (int v = 0; v < kSlots; ++v) {
-        float4 x = __ldg(o + i * split_stride + v * lanes);
+        float4 x = xs[v];
         if (l0 == -INFINITY) x.x = x.y = 0.f;
         if (l1 == -INFINITY) x.z = x.w = 0.f;
         acc[v].x = acc[v].x * c0 + w0 * x.x;
         acc[v].y = acc[v].y * c0 + w0 * x.y;
         acc[v].z = acc[v].z * c1 + w1 * x.z;
         acc[v].w = acc[v].w * c1 + w1 * x.w;
+      }
+    };
+    if (p.loads_batched) {
+      // Loaded one split at a time, a split costs up to a whole memory latency or more: ptxas
+      // issues each load just ahead of its use (one register reused by all 16 splits of a
+      // one-slot warp, the eight slots of a split in ~3 waves), however the loop is unrolled,
+      // and in-order issue waits for it. So kStage splits at a time go to shared memory by
+      // cp.async, all in flight together, and the same arithmetic in the same order reads them
+      // back. (An index past the warp's splits copies split i0 again and counts as lse -inf.)
+      constexpr int kStage = stage_splits(kSlots);
+      float4* sx = part + merge_float4s(kSlots, G) + warp * kStage * kSlots * 32;
+      float* sl = reinterpret_cast<float*>(part + merge_float4s(kSlots, G) +
+                                           kWarps * kStage * kSlots * 32) +
+                  warp * kStage * 16;
+      // Lane j < 16 copies the lse of the warp's row j % 8 (+ 8 from j = 8): lane 4 (j % 8)'s.
+      const auto row_of_lane = [&](const float* ptr) {
+        return reinterpret_cast<const float*>(__shfl_sync(
+            0xffffffffu, reinterpret_cast<unsigned long long>(ptr), 4 * (lane % 8)));
+      };
+      const float* row_lo = row_of_lane(lse0);
+      const float* row_hi = row_of_lane(lse1);
+      const float* lse_src = lane < 8 ? row_lo : row_hi;
+      for (int i0 = g; i0 < n; i0 += kStage * G) {
+#pragma unroll
+        for (int b = 0; b < kStage; ++b) {
+          const int i = i0 + b * G < n ? i0 + b * G : i0;
+#pragma unroll
+          for (int v = 0; v < kSlots; ++v) {
+            __pipeline_memcpy_async(sx + (b * kSlots + v) * 32 + lane,
+                                    o + i * split_stride + v * lanes, 16);
+          }
+          if (lane < 16) {
+            __pipeline_memcpy_async(sl + b * 16 + lane,
+                                    lse_src + static_cast<int64_t>(i) * rows, 4);
+          }
+        }
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        __syncwarp();  // the other lanes' lse copies
+#pragma unroll
+        for (int b = 0; b < kStage; ++b) {
+          const bool in = i0 + b * G < n;
+          float4 x[kSlots];
+#pragma unroll
+          for (int v = 0; v < kSlots; ++v) x[v] = sx[(b * kSlots + v) * 32 + lane];
+          add_split(in ? sl[b * 16 + lane / 4] : -INFINITY,
+                    in ? sl[b * 16 + 8 + lane / 4] : -INFINITY, x);
+        }
+        __syncwarp();  // every lane's reads before the next batch's copies
+      }
+    } else {
+      // Loads unconditional (a split that saw no key, lse -inf, weighs 0 by a select after its
+      // load). (The loop before session 14, kept until the A/B.)
+      constexpr int kUnroll = kSlots == 1 ? 16 : 2;
+#pragma unroll kUnroll
+      for (int i = g; i < n; i += G) {
+        float4 x[kSlots];
+#pragma unroll
+        for (int v = 0; v < kSlots; ++v) x[v] = __ldg(o + i * split_stride + v * lanes);
+        add_split(lse0[static_cast<int64_t>(i) * rows], lse1[static_cast<int64_t>(i) * rows], x);
       }
     }
   }
@@ -144,7 +221,8 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
     }
     for (int j = 0; j < G; ++j) {
       const float4 st = stats[(warp + j) * 32 + lane];
-      const float f0 = st.x == m0 ? 1.f : __expf(st.x - m0), f1 = st.y == m1 ? 1.f : __expf(st.y - m1);
+      const float f0 = st.x == m0 ? 1.f : __expf(st.x - m0);
+      const float f1 = st.y == m1 ? 1.f : __expf(st.y - m1);
       if (j == 0) {
         sum0 = 0.f;
         sum1 = 0.f;
@@ -208,10 +286,12 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
     const int slot = chunk * kSlots + v;
     const int dim = 256 * (slot / 32) + 8 * (slot % 32) + 2 * q;
     if (live0) {
-      *reinterpret_cast<uint32_t*>(out0 + dim * 2) = pack2<Element>(acc[v].x * inv0, acc[v].y * inv0);
+      *reinterpret_cast<uint32_t*>(out0 + dim * 2) =
+          pack2<Element>(acc[v].x * inv0, acc[v].y * inv0);
     }
     if (live1) {
-      *reinterpret_cast<uint32_t*>(out1 + dim * 2) = pack2<Element>(acc[v].z * inv1, acc[v].w * inv1);
+      *reinterpret_cast<uint32_t*>(out1 + dim * 2) =
+          pack2<Element>(acc[v].z * inv1, acc[v].w * inv1);
     }
   }
 }
@@ -245,11 +325,16 @@ cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_d
                                    : decode_combine_kernel<__half, 8>)
                            : (bf16 ? decode_combine_kernel<__nv_bfloat16, 1>
                                    : decode_combine_kernel<__half, 1>);
+  // Up to ~101 KB (eight slots, G = 4, staged).
+  const size_t smem_bytes = combine_smem_bytes(slots, G, params.loads_batched);
+  if (const cudaError_t err = allow_dynamic_smem(kernel, smem_bytes); err != cudaSuccess) {
+    return err;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>((units + units_per_block - 1) / units_per_block),
                         params.batch);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = G > 1 ? sizeof(float4) * kWarps * (slots + 1) * 32 : 0;
+  config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
