@@ -6,7 +6,8 @@
 // planned once outside the timed region; timed = decode kernel + combine) between CUDA events,
 // L2 flushed by an 8 GiB memset before each of 15 runs (ANCHORS.md's flush; it also lets a
 // power-capped GPU recover between runs, as it did for FlashMLA's figures), median; and the
-// median of 15 back-to-back runs without the flush. OPENMLA_BENCH_FLUSH_MB sets the flush size. bf16, d_qk 576, d_v 512, page 64, non-causal.
+// median of 15 back-to-back runs without the flush. OPENMLA_BENCH_FLUSH_MB sets the flush size.
+// bf16, d_qk 576, d_v 512, page 64 (OPENMLA_BENCH_KNOBS page=N for another), non-causal.
 // TFLOP/s = 2 * s_q * h_q * (keys) * (576 + 512); GB/s = keys * 1152 bytes (KV read once).
 // Last column: the SM clock NVML reports during the flushed runs, and how often the power cap
 // held it down (compute-heavy shapes can be capped; compare timings at like clocks).
@@ -179,6 +180,9 @@ struct Shape {
 };
 
 double g_last_plan_us = 0;  // run_shape: the schedule planner's back-to-back median
+// The cache's page size (keys a block): 64 unless OPENMLA_BENCH_KNOBS says page=8|16|32|128|...
+// (the same bytes in blocks of page keys; engines ask for small pages, FlashMLA's is 64).
+int g_page = 64;
 
 struct Buffers {
   void* kv = nullptr;
@@ -191,7 +195,7 @@ struct Buffers {
 // Returns the flushed median in µs; prints a markdown row unless `quiet`.
 double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std::mt19937& rng,
                  bool quiet = false) {
-  const int b = s.batch, d = 576, dv = 512, page = 64;
+  const int b = s.batch, d = 576, dv = 512, page = g_page;
   std::vector<int> need(b);
   int64_t blocks = 0, max_need = 1, keys = 0;
   for (int i = 0; i < b; ++i) {
@@ -200,7 +204,9 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
     max_need = std::max<int64_t>(max_need, need[i]);
     keys += s.seqlens[i];
   }
-  if (static_cast<size_t>(blocks) > buf.kv_blocks) {
+  // buf.kv_blocks counts 64-key blocks; this shape's blocks have `page` keys.
+  const int64_t cache_blocks = static_cast<int64_t>(buf.kv_blocks) * 64 / page;
+  if (blocks > cache_blocks) {
     std::fprintf(stderr, "kv buffer too small\n");
     std::exit(1);
   }
@@ -214,7 +220,9 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
     for (int j = 0; j < need[i]; ++j) {
       const int32_t block = perm[next++];
       table[static_cast<size_t>(i) * max_need + j] =
-          buf.resident_blocks > 0 ? static_cast<int32_t>(block % buf.resident_blocks) : block;
+          buf.resident_blocks > 0
+              ? static_cast<int32_t>(block % (buf.resident_blocks * 64 / page))
+              : block;
     }
   }
   void *q, *out, *lse, *table_d, *seq_d, *meta_d, *splits_d, *ws;
@@ -252,7 +260,7 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   DenseDecodeArgs a;
   a.q = TensorView::contiguous(q, DType::kBF16, {b, s.s_q, s.h_q, d}, dev);
   a.k_cache = TensorView::contiguous(buf.kv, DType::kBF16,
-                                     {static_cast<int64_t>(buf.kv_blocks), page, 1, d}, dev);
+                                     {cache_blocks, page, 1, d}, dev);
   a.block_table = TensorView::contiguous(table_d, DType::kInt32, {b, max_need}, dev);
   a.cache_seqlens = sa.seqlens;
   a.out = TensorView::contiguous(out, DType::kBF16, {b, s.s_q, s.h_q, dv}, dev);
@@ -435,6 +443,7 @@ bool apply_knobs() {
     else if (name == "q_tma") tuning.q_tma = value;
     else if (name == "output_stores") tuning.output_stores = value;
     else if (name == "q_issuers") tuning.q_issuers = value;
+    else if (name == "page" && value > 0 && (value % 64 == 0 || 64 % value == 0)) g_page = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;
