@@ -12,7 +12,7 @@
 # Default shapes: 1,16,8192 1,64,4096 1,128,4096 2,128,8192 1,16,1024. AB_TARGETS="..." builds
 # more targets of this tree in the same pass (e.g. openmla_gpu_tests), AB_TREE_TARGETS="..." of
 # every exported tree (an experiment's own GPU tests: build-ab-<sha>/tests/openmla_gpu_tests);
-# AB_BUILD_ONLY=1 stops after the builds.
+# AB_BUILD_ONLY=1 stops after the builds; AB_NO_TREES=1 leaves the exported trees out.
 # Knob settings of one binary instead of trees (or besides them): VARIANTS="name:knobs;..." with
 # knobs as OPENMLA_BENCH_KNOBS takes them, e.g.
 #   VARIANTS="base:;first:evict_first=1;normal:evict_first=0" tools/ab_dense_decode.sh run
@@ -68,7 +68,7 @@ case "${1:-}" in
     this_pid=$!
     declare -A pids=()
     for dir in "$ROOT"/.ab/*/; do
-      [[ -d "$dir" ]] || continue
+      [[ -d "$dir" && "${AB_NO_TREES:-0}" != 1 ]] || continue
       sha="$(basename "$dir")"
       # shellcheck disable=SC2086 # a list of words on purpose
       build "$dir" "$ROOT/build-ab-$sha" ${AB_TREE_TARGETS:-} &
