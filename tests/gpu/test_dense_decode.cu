@@ -256,6 +256,19 @@ TEST(DenseDecodeSmall, Fp16D512SplitAcrossWorkers) {
             .num_sm_parts = 3, .seed = 4});
 }
 
+// The combine's staged loop (combine_batched 1) under memcheck: one request over 80 workers
+// (one slot a lane, 8 warps a unit, two batches a warp, the last partial) and three requests
+// over 20 (eight slots, 2 warps a unit, batches of 2 with a clamped index).
+TEST(DenseDecodeSmall, CombineStaged) {
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  const int saved = tuning.combine_batched;
+  tuning.combine_batched = 1;
+  run_case({.h_q = 16, .seqlens = {5000}, .num_sm_parts = 80, .seed = 5});
+  run_case({.s_q = 2, .h_q = 12, .seqlens = {900, 1300, 700}, .causal = true, .num_sm_parts = 20,
+            .seed = 6});
+  tuning.combine_batched = saved;
+}
+
 // The pipeline across tile and request boundaries: tiles of a pair are scored by different
 // warpgroups and each tile's PVs run under the next tile's QK^T, so odd and even tile counts,
 // one-tile and one-key requests, empty requests between others, partial last tiles and several
