@@ -435,6 +435,9 @@ TEST(DenseDecode, PaddedBatchOfEmptyRequests) {
 
 TEST(DenseDecode, LongSequence) {
   run_case({.h_q = 16, .seqlens = {70001}, .seed = 110});
+  // The longest the issue asks for: 256k keys less 5 (a last tile of 59), s_q 2 causal, one
+  // request split over every worker.
+  run_case({.s_q = 2, .h_q = 16, .seqlens = {262144 - 5}, .causal = true, .seed = 113});
   run_case({.s_q = 2, .h_q = 32, .page_size = 128, .seqlens = {66000, 12}, .causal = true,
             .seed = 111});
 }
