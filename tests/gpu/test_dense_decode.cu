@@ -210,6 +210,13 @@ struct CurrentDevice {
   ~CurrentDevice() { (void)cudaSetDevice(0); }
 };
 
+// The kernel's process-wide knobs (DenseDecodeTuning) as they were, restored when the scope ends
+// (also when an assertion ends the test early).
+struct TuningScope {
+  const cuda::sm90::DenseDecodeTuning saved = cuda::sm90::dense_decode_tuning();
+  ~TuningScope() { cuda::sm90::dense_decode_tuning() = saved; }
+};
+
 void run_case(const DecodeCase& c) {
   SCOPED_TRACE(describe(c));
   Rng rng(c.seed);
@@ -260,13 +267,11 @@ TEST(DenseDecodeSmall, Fp16D512SplitAcrossWorkers) {
 // (one slot a lane, 8 warps a unit, two batches a warp, the last partial) and three requests
 // over 20 (eight slots, 2 warps a unit, batches of 2 with a clamped index).
 TEST(DenseDecodeSmall, CombineStaged) {
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.combine_batched;
-  tuning.combine_batched = 1;
+  const TuningScope scope;
+  cuda::sm90::dense_decode_tuning().combine_batched = 1;
   run_case({.h_q = 16, .seqlens = {5000}, .num_sm_parts = 80, .seed = 5});
   run_case({.s_q = 2, .h_q = 12, .seqlens = {900, 1300, 700}, .causal = true, .num_sm_parts = 20,
             .seed = 6});
-  tuning.combine_batched = saved;
 }
 
 // The pipeline across tile and request boundaries: tiles of a pair are scored by different
@@ -310,12 +315,12 @@ TEST(DenseDecode, PipelineBoundaries) {
 // Several requests a CTA, empty ones and odd tile counts (a last pair without its odd tile)
 // cross every request boundary.
 TEST(DenseDecode, QLoadPaths) {
+  const TuningScope scope;
   auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.q_tma, saved_issuers = tuning.q_issuers;
   uint64_t seed = 300;
   for (int mode : {8, 1, 0}) {
     tuning.q_tma = mode > 0 ? 1 : 0;
-    tuning.q_issuers = mode > 0 ? mode : saved_issuers;
+    tuning.q_issuers = mode > 0 ? mode : scope.saved.q_issuers;
     SCOPED_TRACE("q_tma " + std::to_string(tuning.q_tma) + ", q_issuers " +
                  std::to_string(tuning.q_issuers));
     run_case({.h_q = 16, .seqlens = {37, 200, 0, 129, 64, 1, 128}, .num_sm_parts = 2,
@@ -324,8 +329,6 @@ TEST(DenseDecode, QLoadPaths) {
     run_case({.dtype = DType::kFP16, .d_qk = 512, .s_q = 2, .h_q = 64, .page_size = 16,
               .seqlens = {300, 0, 129, 2}, .causal = true, .num_sm_parts = 2, .seed = seed++});
   }
-  tuning.q_tma = saved;
-  tuning.q_issuers = saved_issuers;
 }
 
 // The combine's two loops (DenseDecodeTuning::combine_batched): splits staged in shared memory by
@@ -333,8 +336,8 @@ TEST(DenseDecode, QLoadPaths) {
 // one at 70001 keys), 2 with eight (G = 1, 2, 4: few workers, batches of 10 and 24), and one
 // split's loads at a time.
 TEST(DenseDecode, CombineLoops) {
+  const TuningScope scope;
   auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.combine_batched;
   Rng rng(339);
   std::vector<int> ten(10), many(24);
   for (int& l : ten) l = static_cast<int>(rng.randint(300, 2500));
@@ -350,15 +353,14 @@ TEST(DenseDecode, CombineLoops) {
     run_case({.s_q = 2, .h_q = 128, .page_size = 32, .seqlens = {0, 300, 129, 700},
               .causal = true, .num_sm_parts = 5, .seed = seed++});
   }
-  tuning.combine_batched = saved;
 }
 
 // The output of unsplit requests both ways (DenseDecodeTuning::output_stores): 16-byte stores after
 // a transpose inside each quad (2, the default; only where out's strides are multiples of 8
 // elements) and 4-byte stores (1, and always for out strides of 2 elements).
 TEST(DenseDecode, OutputStores) {
+  const TuningScope scope;
   auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.output_stores;
   uint64_t seed = 320;
   for (int mode : {2, 1}) {
     tuning.output_stores = mode;
@@ -369,7 +371,6 @@ TEST(DenseDecode, OutputStores) {
               .out_gap = 2});
     run_case({.h_q = 64, .seqlens = {129, 7}, .strided = false, .seed = seed++});
   }
-  tuning.output_stores = saved;
 }
 
 // --- dtype x head dim ---------------------------------------------------------------------------
@@ -489,14 +490,12 @@ TEST(DenseDecodeMultiGpu, SecondDeviceInTheSameProcess) {
   std::vector<int> lens(10);
   for (int& l : lens) l = static_cast<int>(rng.randint(300, 2500));
   uint64_t seed = 180;
-  auto& tuning = cuda::sm90::dense_decode_tuning();
-  const int saved = tuning.combine_batched;
-  tuning.combine_batched = 1;
+  const TuningScope scope;
+  cuda::sm90::dense_decode_tuning().combine_batched = 1;
   for (int device : {0, 1, 0, 1}) {
     run_case({.h_q = 16, .seqlens = lens, .seed = seed++, .device = device});
     run_case({.h_q = 64, .seqlens = lens, .num_sm_parts = 200, .seed = seed++, .device = device});
   }
-  tuning.combine_batched = saved;
 }
 
 // --- the GPU planner, bit for bit ---------------------------------------------------------------
