@@ -19,19 +19,19 @@ cudaError_t allow_dynamic_smem(const void* kernel, size_t bytes) {
   static std::mutex mutex;
   static std::vector<Granted> granted;  // a few kernels x devices
   const std::lock_guard<std::mutex> lock(mutex);
-  for (const Granted& g : granted) {
-    if (g.kernel == kernel && g.device == device && g.bytes >= bytes) return cudaSuccess;
+  Granted* entry = nullptr;
+  for (Granted& g : granted) {
+    if (g.kernel == kernel && g.device == device) entry = &g;
   }
+  if (entry != nullptr && entry->bytes >= bytes) return cudaSuccess;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  for (Granted& g : granted) {
-    if (g.kernel == kernel && g.device == device) {
-      g.bytes = bytes;
-      return cudaSuccess;
-    }
+  if (entry != nullptr) {
+    entry->bytes = bytes;
+  } else {
+    granted.push_back({kernel, device, bytes});
   }
-  granted.push_back({kernel, device, bytes});
   return cudaSuccess;
 }
 
