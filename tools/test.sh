@@ -23,6 +23,11 @@ fi
 echo "== C++: tests"
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$jobs} ctest --test-dir "$build" --output-on-failure
 
+if [ "${OPENMLA_SKIP_FUZZ:-0}" != 1 ]; then
+  echo "== C++: fuzz the validators and the CPU backend (tools/fuzz.sh, ASan + UBSan)"
+  bash tools/fuzz.sh
+fi
+
 if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   echo "== Python: install the package into a fresh venv and run pytest"
   venv="$build/venv"

@@ -67,7 +67,8 @@ struct KVLayout {
 KVLayout default_kv_layout(KVFormat format, int page_size, int d_qk = 576);
 // Each token's data, rope and scales adjacent (stride = bytes_per_token), blocks packed.
 KVLayout interleaved_kv_layout(KVFormat format, int page_size, int d_qk = 576);
-// Bytes one block occupies under `layout` (the smallest legal block_stride).
+// Bytes one block occupies under `layout` (the smallest legal block_stride); INT64_MAX where an
+// unchecked layout's offsets and strides overflow it.
 int64_t kv_block_footprint_bytes(const KVLayout& layout);
 
 // A paged KV cache of one kv head: a base pointer, a layout and a block count.

@@ -202,7 +202,14 @@ int64_t kv_block_footprint_bytes(const KVLayout& layout) {
   const int num_parts = layout_parts(layout, parts);
   int64_t footprint = 0;
   for (int i = 0; i < num_parts; ++i) {
-    footprint = std::max(footprint, parts[i].end(layout.page_size - 1));
+    // Saturates: an unchecked layout may hold any offsets and strides (check_kv_layout caps them).
+    int64_t end = 0;
+    if (__builtin_mul_overflow(int64_t{layout.page_size} - 1, parts[i].stride, &end) ||
+        __builtin_add_overflow(end, parts[i].offset, &end) ||
+        __builtin_add_overflow(end, parts[i].bytes, &end)) {
+      return INT64_MAX;
+    }
+    footprint = std::max(footprint, end);
   }
   return footprint;
 }

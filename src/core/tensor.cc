@@ -63,24 +63,34 @@ TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<in
   return t;
 }
 
+// A view whose rank is outside [0, kMaxTensorRank] is bad input (validation says so); these
+// helpers read at most kMaxTensorRank sizes so that reporting it stays in bounds.
+namespace {
+int stored_rank(int rank) { return rank < 0 ? 0 : (rank > kMaxTensorRank ? kMaxTensorRank : rank); }
+}  // namespace
+
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < rank; ++d) n *= shape[d];
-  return n;
+  bool overflow = false;
+  for (int d = 0; d < stored_rank(rank); ++d) {
+    if (shape[d] == 0) return 0;
+    overflow = overflow || __builtin_mul_overflow(n, shape[d], &n);
+  }
+  return overflow ? INT64_MAX : n;  // INT64_MAX: past int64 (validation rejects it)
 }
 
 bool TensorView::is_contiguous() const {
   int64_t stride = 1;
-  for (int d = rank - 1; d >= 0; --d) {
+  for (int d = stored_rank(rank) - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != stride) return false;
-    stride *= shape[d];
+    if (__builtin_mul_overflow(stride, shape[d], &stride)) return false;
   }
   return true;
 }
 
 std::string TensorView::shape_string() const {
   std::string s = "[";
-  for (int d = 0; d < rank; ++d) s += core::str_cat(d ? ", " : "", shape[d]);
+  for (int d = 0; d < stored_rank(rank); ++d) s += core::str_cat(d ? ", " : "", shape[d]);
   return s + "]";
 }
 

@@ -19,10 +19,17 @@ float resolve_scale(float softmax_scale, int64_t d_qk) {
 
 Status check_required(const TensorView& t, const char* op, const char* arg) {
   if (!t.defined()) return invalid(op, arg, ": required tensor is missing");
-  if (t.data == nullptr && t.numel() > 0) return invalid(op, arg, ": data pointer is null");
+  if (t.rank < 0 || t.rank > kMaxTensorRank) {
+    return invalid(op, arg, ": expected 0 to ", kMaxTensorRank, " dimensions, got rank ", t.rank);
+  }
   for (int d = 0; d < t.rank; ++d) {
     if (t.shape[d] < 0) return invalid(op, arg, ": negative size in shape ", t.shape_string());
   }
+  const int64_t elements = t.numel();
+  if (elements == INT64_MAX) {
+    return invalid(op, arg, ": shape ", t.shape_string(), " has more than 2^63 elements");
+  }
+  if (t.data == nullptr && elements > 0) return invalid(op, arg, ": data pointer is null");
   return Status::Ok();
 }
 

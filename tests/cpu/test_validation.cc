@@ -362,6 +362,33 @@ TEST(Validation, ScheduleRejectsBadArguments) {
   EXPECT_GE(parts, 1);
 }
 
+// Views a C++ caller fills by hand can hold anything; found by tools/fuzz.sh (ASan + UBSan).
+TEST(Validation, ViewsWithImpossibleRanksOrSizes) {
+  for (int rank : {kMaxTensorRank + 1, 64, -1}) {
+    SCOPED_TRACE(rank);
+    DenseFixture f;
+    f.args.k_cache.rank = rank;  // a rank past the view's arrays
+    expect_invalid(dense_decode(f.args), {"k_cache", "dimensions", std::to_string(rank).c_str()});
+  }
+  DenseFixture f;
+  f.args.q.shape[0] = int64_t{1} << 60;  // 2^60 * 2 * 8 * 576 elements: past int64
+  expect_invalid(dense_decode(f.args), {"q", "2^63 elements"});
+  // The helpers read at most kMaxTensorRank sizes and saturate instead of overflowing.
+  TensorView t = f.args.q;
+  t.rank = 9;
+  EXPECT_EQ(t.shape_string(), "[1152921504606846976, 2, 8, 576, 0]");
+  EXPECT_EQ(t.numel(), 0);
+  t.rank = 4;
+  EXPECT_EQ(t.numel(), INT64_MAX);
+}
+
+TEST(Validation, FootprintOfAnUncheckedLayoutSaturates) {
+  KVLayout layout = default_kv_layout(KVFormat::kFP8_MX, 64);
+  layout.scale_stride = INT64_MAX / 8;  // 63 tokens of this stride overflow
+  EXPECT_EQ(kv_block_footprint_bytes(layout), INT64_MAX);
+  EXPECT_FALSE(check_kv_layout(layout, "cache.layout").ok());
+}
+
 #ifndef OPENMLA_WITH_CUDA
 // Without a CUDA backend, CUDA tensors get a clear UnsupportedDevice, never a crash.
 TEST(Validation, CudaTensorsWithoutCudaBackend) {

@@ -1,0 +1,224 @@
+// libFuzzer target: the CPU backend's operations end to end on small random problems, every
+// buffer allocated to exactly the bytes its view spans, so ASan reports any read or write past
+// it. Caches take any format with the default or token-interleaved layout, one field nudged
+// (the operations validate it and must reject whatever would reach outside a block); indices,
+// slots, lengths, block tables and lse values are drawn from ranges that include the invalid
+// ones (negative, past the end, int32 extremes, inf/NaN), which are semantics, not errors.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "fuzz/fuzz_input.h"
+#include "openmla/kv_convert.h"
+#include "openmla/openmla.h"
+
+namespace openmla::fuzz {
+namespace {
+
+// Owns a byte buffer of exactly the requested size (no slack for an overrun to hide in).
+struct Buffer {
+  std::vector<uint8_t> bytes;
+  void* fill(size_t n, Bulk& bulk) {
+    bytes.assign(n, 0);
+    bytes.shrink_to_fit();
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(bulk.next());
+    return n ? bytes.data() : nullptr;
+  }
+};
+
+// Finite bf16 values of moderate size (exponents below 2^16), random sign.
+void fill_bf16(std::vector<uint16_t>& v, Bulk& bulk) {
+  for (uint16_t& x : v) x = static_cast<uint16_t>(bulk.next()) & 0xbfff;
+}
+
+// Ints in [-2, range + 2), or (mode 0) anything an int32 holds.
+std::vector<int32_t> any_ints(Input& in, Bulk& bulk, size_t n, int64_t range) {
+  std::vector<int32_t> v(n);
+  const bool wild = in.below(4) == 0;
+  for (int32_t& x : v) {
+    const uint64_t z = bulk.next();
+    x = wild ? static_cast<int32_t>(z) : static_cast<int32_t>(z % (range + 4)) - 2;
+  }
+  return v;
+}
+
+struct Cache {
+  Buffer buffer;
+  KVCache cache;
+  // A cache of d_qk-dim tokens (formats of other dims are rejected by the operation).
+  void make(Input& in, Bulk& bulk, int d_qk) {
+    const auto format = static_cast<KVFormat>(in.below(6));
+    const int page_size = 1 + in.below(70);
+    KVLayout layout = in.flag() ? default_kv_layout(format, page_size, d_qk)
+                                : interleaved_kv_layout(format, page_size, d_qk);
+    int64_t* fields[] = {&layout.block_stride, &layout.data_offset, &layout.data_stride,
+                         &layout.scale_offset, &layout.scale_stride, &layout.rope_offset,
+                         &layout.rope_stride};
+    if (in.flag()) *fields[in.below(7)] += in.take<int8_t>();
+    const int64_t num_blocks = in.below(4);
+    const int64_t bytes = layout.block_stride > 0 && layout.block_stride < (1 << 20)
+                              ? num_blocks * layout.block_stride
+                              : 0;
+    cache = KVCache{buffer.fill(static_cast<size_t>(bytes), bulk), layout, bytes ? num_blocks : 0,
+                    Device::cpu()};
+  }
+};
+
+int fuzz_d_qk(Input& in) { return in.flag() ? 576 : 512; }
+
+void write_and_gather(Input& in, Bulk& bulk) {
+  const int d_qk = fuzz_d_qk(in);
+  Cache c;
+  c.make(in, bulk, d_qk);
+  const int64_t n = in.below(9);
+  std::vector<uint16_t> rows(n * d_qk);
+  fill_bf16(rows, bulk);
+  std::vector<int32_t> slots = any_ints(in, bulk, n, c.cache.num_tokens());
+  KVCacheWriteArgs w;
+  w.kv = TensorView::contiguous(rows.data(), DType::kBF16, {n, d_qk});
+  w.slot_mapping = TensorView::contiguous(slots.data(), DType::kInt32, {n});
+  w.cache = c.cache;
+  (void)kv_cache_write(w);
+  std::vector<float> out(n * d_qk);
+  KVCacheGatherArgs g;
+  g.cache = c.cache;
+  g.slots = w.slot_mapping;
+  g.out = TensorView::contiguous(out.data(), DType::kFP32, {n, d_qk});
+  (void)kv_cache_gather(g);
+  // ... and into a second cache of another format.
+  Cache dst;
+  dst.make(in, bulk, d_qk);
+  KVCacheConvertArgs convert;
+  convert.src = c.cache;
+  convert.dst = dst.cache;
+  std::vector<int32_t> src_blocks, dst_blocks;
+  if (in.flag()) {
+    const int64_t pairs = in.below(5);
+    src_blocks = any_ints(in, bulk, pairs, c.cache.num_blocks);
+    dst_blocks = any_ints(in, bulk, pairs, dst.cache.num_blocks);
+    convert.src_blocks = TensorView::contiguous(src_blocks.data(), DType::kInt32, {pairs});
+    convert.dst_blocks = TensorView::contiguous(dst_blocks.data(), DType::kInt32, {pairs});
+  }
+  (void)kv_cache_convert(convert);
+}
+
+void sparse_decode_case(Input& in, Bulk& bulk) {
+  const int d_qk = fuzz_d_qk(in);
+  Cache main, extra;
+  main.make(in, bulk, d_qk);
+  const int64_t b = 1 + in.below(2), s_q = 1 + in.below(2), h_q = 1 + in.below(4);
+  const int64_t topk = in.below(9);
+  std::vector<uint16_t> q(b * s_q * h_q * d_qk), out(b * s_q * h_q * 512);
+  fill_bf16(q, bulk);
+  std::vector<int32_t> indices = any_ints(in, bulk, b * s_q * topk, main.cache.num_tokens());
+  std::vector<int32_t> topk_length = any_ints(in, bulk, b, topk);
+  std::vector<float> sink(h_q), lse(b * h_q * s_q);
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::nanf(""), 0.f};
+  for (float& x : sink) x = in.below(3) == 0 ? specials[in.below(4)] : in.take<int8_t>() / 8.f;
+  SparseDecodeArgs a;
+  a.q = TensorView::contiguous(q.data(), DType::kBF16, {b, s_q, h_q, d_qk});
+  a.k_cache = main.cache;
+  a.indices = TensorView::contiguous(indices.data(), DType::kInt32, {b, s_q, topk});
+  if (in.flag()) a.topk_length = TensorView::contiguous(topk_length.data(), DType::kInt32, {b});
+  if (in.flag()) a.attn_sink = TensorView::contiguous(sink.data(), DType::kFP32, {h_q});
+  std::vector<int32_t> extra_indices, extra_length;
+  if (in.flag()) {
+    extra.make(in, bulk, d_qk);
+    const int64_t extra_topk = in.below(9);
+    extra_indices = any_ints(in, bulk, b * s_q * extra_topk, extra.cache.num_tokens());
+    extra_length = any_ints(in, bulk, b, extra_topk);
+    a.extra_k_cache = extra.cache;
+    a.extra_indices =
+        TensorView::contiguous(extra_indices.data(), DType::kInt32, {b, s_q, extra_topk});
+    if (in.flag()) {
+      a.extra_topk_length = TensorView::contiguous(extra_length.data(), DType::kInt32, {b});
+    }
+  }
+  a.out = TensorView::contiguous(out.data(), DType::kBF16, {b, s_q, h_q, 512});
+  a.lse = TensorView::contiguous(lse.data(), DType::kFP32, {b, h_q, s_q});
+  (void)sparse_decode(a);
+}
+
+// Dense decode with every view strided (padding between rows, blocks and requests).
+void dense_decode_case(Input& in, Bulk& bulk) {
+  const int64_t d_qk = fuzz_d_qk(in), d_v = 512;
+  const int64_t b = 1 + in.below(3), s_q = 1 + in.below(3), h_kv = 1 + in.below(2);
+  const int64_t h_q = h_kv * (1 + in.below(3));
+  const int64_t page = 1 + in.below(40), num_blocks = in.below(6), max_blocks = 1 + in.below(3);
+  const int64_t pad = in.below(3);  // extra elements after each row of every view
+  Buffer q_buf, k_buf, out_buf, lse_buf;
+  const int64_t q_row = d_qk + pad, out_row = d_v + pad, k_row = d_qk + pad;
+  auto* q = q_buf.fill(2 * (b * s_q * h_q * q_row), bulk);
+  auto* k = k_buf.fill(2 * (num_blocks * page * h_kv * k_row), bulk);
+  for (size_t i = 1; i < k_buf.bytes.size(); i += 2) k_buf.bytes[i] &= 0xbf;  // finite bf16
+  for (size_t i = 1; i < q_buf.bytes.size(); i += 2) q_buf.bytes[i] &= 0xbf;
+  auto* out = out_buf.fill(2 * (b * s_q * h_q * out_row), bulk);
+  auto* lse = lse_buf.fill(4 * (b * h_q * s_q), bulk);
+  std::vector<int32_t> table = any_ints(in, bulk, b * max_blocks, num_blocks);
+  std::vector<int32_t> seqlens = any_ints(in, bulk, b, max_blocks * page);
+  DenseDecodeArgs a;
+  const DType dtype = in.flag() ? DType::kBF16 : DType::kFP16;
+  a.q = TensorView::strided(q, dtype, {b, s_q, h_q, d_qk},
+                            {s_q * h_q * q_row, h_q * q_row, q_row, 1});
+  a.k_cache = TensorView::strided(k, dtype, {num_blocks, page, h_kv, d_qk},
+                                  {page * h_kv * k_row, h_kv * k_row, k_row, 1});
+  a.block_table = TensorView::contiguous(table.data(), DType::kInt32, {b, max_blocks});
+  a.cache_seqlens = TensorView::contiguous(seqlens.data(), DType::kInt32, {b});
+  a.causal = in.flag();
+  a.out = TensorView::strided(out, dtype, {b, s_q, h_q, d_v},
+                              {s_q * h_q * out_row, h_q * out_row, out_row, 1});
+  a.lse = TensorView::contiguous(lse, DType::kFP32, {b, h_q, s_q});
+  (void)dense_decode(a);
+}
+
+void merge_and_prefill(Input& in, Bulk& bulk) {
+  const int64_t parts = 1 + in.below(4), tokens = in.below(3), heads = 1 + in.below(3), d_v = 512;
+  std::vector<float> part_out(parts * tokens * heads * d_v), part_lse(parts * tokens * heads);
+  std::vector<float> out(tokens * heads * d_v), lse(tokens * heads);
+  for (float& x : part_out) x = static_cast<float>(static_cast<int16_t>(bulk.next())) / 1024.f;
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::nanf(""), 80.f, -80.f};
+  for (float& x : part_lse) x = in.below(3) == 0 ? specials[in.below(5)] : in.take<int8_t>() / 4.f;
+  MergeStatesArgs m;
+  m.part_out = TensorView::contiguous(part_out.data(), DType::kFP32, {parts, tokens, heads, d_v});
+  m.part_lse = TensorView::contiguous(part_lse.data(), DType::kFP32, {parts, tokens, heads});
+  m.out = TensorView::contiguous(out.data(), DType::kFP32, {tokens, heads, d_v});
+  m.lse = TensorView::contiguous(lse.data(), DType::kFP32, {tokens, heads});
+  (void)merge_attention_states(m);
+
+  const int64_t d_qk = fuzz_d_qk(in), s_q = 1 + in.below(3), s_kv = in.below(20);
+  const int64_t h_kv = 1, h_q = 1 + in.below(4), topk = in.below(9);
+  std::vector<uint16_t> q(s_q * h_q * d_qk), kv(s_kv * h_kv * d_qk), o(s_q * h_q * d_v);
+  fill_bf16(q, bulk);
+  fill_bf16(kv, bulk);
+  std::vector<int32_t> indices = any_ints(in, bulk, s_q * h_kv * topk, s_kv);
+  std::vector<int32_t> topk_length = any_ints(in, bulk, s_q, topk);
+  std::vector<float> max_logits(s_q * h_q), prefill_lse(s_q * h_q);
+  SparsePrefillArgs p;
+  p.q = TensorView::contiguous(q.data(), DType::kBF16, {s_q, h_q, d_qk});
+  p.kv = TensorView::contiguous(kv.data(), DType::kBF16, {s_kv, h_kv, d_qk});
+  p.indices = TensorView::contiguous(indices.data(), DType::kInt32, {s_q, h_kv, topk});
+  if (in.flag()) p.topk_length = TensorView::contiguous(topk_length.data(), DType::kInt32, {s_q});
+  p.out = TensorView::contiguous(o.data(), DType::kBF16, {s_q, h_q, d_v});
+  p.max_logits = TensorView::contiguous(max_logits.data(), DType::kFP32, {s_q, h_q});
+  p.lse = TensorView::contiguous(prefill_lse.data(), DType::kFP32, {s_q, h_q});
+  (void)sparse_prefill(p);
+}
+
+}  // namespace
+}  // namespace openmla::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace openmla::fuzz;
+  Input in(data, size);
+  Bulk bulk(in.take<uint64_t>());
+  switch (in.below(4)) {
+    case 0: write_and_gather(in, bulk); break;
+    case 1: sparse_decode_case(in, bulk); break;
+    case 2: dense_decode_case(in, bulk); break;
+    default: merge_and_prefill(in, bulk); break;
+  }
+  return 0;
+}
