@@ -63,7 +63,9 @@ bool is_byte_dtype(nb::dlpack::dtype dt) {
           (dt.code >= kDLFloat8First && dt.code <= kDLFloat8Last));
 }
 
-// Shape and strides of `array` with size-1 dims given their contiguous stride.
+// Shape and strides of `array` with size-1 dims given their contiguous stride, and every dim
+// of an empty array too (numpy 2 gives an empty array all-zero strides, which would fail the
+// contiguity checks of a batch of 0 requests; nothing of it is ever read).
 void fill_shape(const Array& array, TensorView* view, const char* op, const char* arg) {
   const int rank = static_cast<int>(array.ndim());
   if (rank > kMaxTensorRank) {
@@ -71,6 +73,8 @@ void fill_shape(const Array& array, TensorView* view, const char* op, const char
                       " dimensions, got " + std::to_string(rank));
   }
   view->rank = rank;
+  bool empty = false;
+  for (int d = 0; d < rank; ++d) empty = empty || array.shape_ptr()[d] == 0;
   int64_t contiguous_stride = 1;
   for (int d = rank - 1; d >= 0; --d) {
     const int64_t size = array.shape_ptr()[d];
@@ -80,8 +84,8 @@ void fill_shape(const Array& array, TensorView* view, const char* op, const char
                         std::to_string(d) + " has stride " + std::to_string(stride) + ")");
     }
     view->shape[d] = size;
-    view->strides[d] = size == 1 ? contiguous_stride : stride;
-    contiguous_stride = size * view->strides[d];
+    view->strides[d] = size == 1 || empty ? contiguous_stride : stride;
+    contiguous_stride = (size == 0 ? 1 : size) * view->strides[d];
   }
 }
 
@@ -171,7 +175,6 @@ KVCache to_kv_cache(const Array& array, const std::optional<std::string>& format
   }
   const int rank = static_cast<int>(array.ndim());
   const int64_t* shape = array.shape_ptr();
-  const int64_t* strides = array.stride_ptr();
   if (rank != 3 && rank != 4) {
     throw_value_error(where(op, arg) +
                       "expected shape [num_blocks, page_size, 1, bytes_per_token] (or "
@@ -184,6 +187,12 @@ KVCache to_kv_cache(const Array& array, const std::optional<std::string>& format
   }
   const int64_t num_blocks = shape[0], page_size = shape[1], last = shape[rank - 1];
   if (page_size < 1) throw_value_error(where(op, arg) + "expected page_size (dim 1) >= 1, got 0");
+  // An empty cache (no blocks) gets the strides of a packed one: numpy 2 reports all zeros.
+  int64_t strides[4];
+  for (int d = rank - 1; d >= 0; --d) {
+    const int64_t packed = d == rank - 1 ? 1 : strides[d + 1] * shape[d + 1];
+    strides[d] = num_blocks > 0 ? array.stride_ptr()[d] : packed;
+  }
   for (int d = 0; d < rank; ++d) {
     if (strides[d] < 0) throw_value_error(where(op, arg) + "negative strides are not supported");
   }

@@ -285,3 +285,27 @@ def test_read_only_and_broadcast_inputs():
     expected, expected_lse = openmla.sparse_decode(q.copy(), cache.copy(), broadcast.copy())
     np.testing.assert_array_equal(out.astype(np.float32), expected.astype(np.float32))
     np.testing.assert_array_equal(lse, expected_lse)
+
+
+def test_empty_batch_and_empty_cache():
+    """Zero-size arrays (numpy 2 gives them all-zero strides) are valid: a batch of 0 requests,
+    a cache of 0 blocks (every index invalid: lonely queries), 0 rows to write, 0 tokens to
+    merge."""
+    q, k, bt, sl = dense_inputs(b=3)
+    out, lse = openmla.dense_decode(q[:0], k, bt[:0], sl[:0])
+    assert out.shape == (0, 1, 16, 512) and lse.shape == (0, 16, 1)
+
+    empty = openmla.new_kv_cache(0, 16, "fp8_mx")
+    assert empty.shape == (0, 16, 1, 528)
+    rng = np.random.default_rng(18)
+    q = rng.standard_normal((2, 1, 8, 512)).astype(np.float32).astype(ref.BF16)
+    indices = rng.integers(-1, 64, (2, 1, 10)).astype(np.int32)
+    out, lse = openmla.sparse_decode(q, empty, indices)
+    assert np.all(out.astype(np.float32) == 0) and np.all(np.isposinf(lse))
+
+    cache = openmla.new_kv_cache(2, 16, "fp8_mx")
+    openmla.kv_cache_write(np.zeros((0, 512), np.float32), np.zeros(0, np.int64), cache)
+    assert not cache.any()
+    merged, merged_lse = openmla.merge_attention_states(np.zeros((3, 0, 4, 512), np.float32),
+                                                        np.zeros((3, 0, 4), np.float32))
+    assert merged.shape == (0, 4, 512) and merged_lse.shape == (0, 4)
