@@ -81,6 +81,7 @@ struct DenseDecodeArgs {
   TensorView lse;            // [b, h_q, s_q] fp32 (natural log; +inf for a lonely query)
   Workspace workspace;       // dense_decode_workspace_size bytes
 };
+// 0 on the CPU, and for sizes no decode accepts (batch < 0, s_q < 1, h_kv not dividing h_q, ...).
 size_t dense_decode_workspace_size(Device device, int batch, int s_q, int h_q, int h_kv, int d_v);
 Status dense_decode(const DenseDecodeArgs& args, Stream stream = nullptr);
 

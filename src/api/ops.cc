@@ -68,6 +68,8 @@ Status plan_decode_schedule(const DecodeScheduleArgs& args, [[maybe_unused]] Str
 }
 
 size_t dense_decode_workspace_size(Device device, int batch, int s_q, int h_q, int h_kv, int d_v) {
+  // Sizes no decode accepts need no workspace (dense_decode then names the bad argument).
+  if (batch < 0 || s_q < 1 || h_q < 1 || h_kv < 1 || h_q % h_kv != 0 || d_v < 1) return 0;
 #ifdef OPENMLA_WITH_CUDA
   if (device.type == DeviceType::kCUDA) {
     return cuda::dense_decode_workspace_size(device.index, batch, s_q, h_q, h_kv, d_v);

@@ -680,5 +680,16 @@ TEST(DenseDecodeErrors, ShortWorkspace) {
   EXPECT_NE(st.message().find("workspace"), std::string::npos) << st.message();
 }
 
+// Sizes no decode accepts get 0 bytes, not a wrapped-around size_t (dense_decode then names the
+// bad argument); a real shape gets its partials' room.
+TEST(DenseDecodeErrors, WorkspaceSizeOfImpossibleShapes) {
+  const Device gpu = Device::cuda(0);
+  EXPECT_EQ(dense_decode_workspace_size(gpu, -1, 1, 16, 1, kDimV), 0u);
+  EXPECT_EQ(dense_decode_workspace_size(gpu, 4, 0, 16, 1, kDimV), 0u);
+  EXPECT_EQ(dense_decode_workspace_size(gpu, 4, 1, 16, 3, kDimV), 0u);
+  EXPECT_EQ(dense_decode_workspace_size(gpu, 4, 1, 0, 1, kDimV), 0u);
+  EXPECT_GT(dense_decode_workspace_size(gpu, 4, 1, 16, 1, kDimV), size_t{4} * 16 * kDimV * 4);
+}
+
 }  // namespace
 }  // namespace openmla::testing
