@@ -13,7 +13,7 @@ set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 
 add_library(openmla_cuda STATIC ${OPENMLA_CUDA_SOURCES})
 target_include_directories(openmla_cuda
-  PUBLIC ${PROJECT_SOURCE_DIR}/include
+  PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_include_directories(openmla_cuda SYSTEM PRIVATE ${OPENMLA_CUTLASS_INCLUDE}
                            ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_INCLUDE_DIRS}/cccl)

@@ -23,6 +23,17 @@ fi
 echo "== C++: tests"
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$jobs} ctest --test-dir "$build" --output-on-failure
 
+echo "== C++: install, then build and run a project that uses it (tests/install_consumer)"
+prefix="$(cd "$build" && pwd)/install"
+rm -rf "$prefix" "$build/consumer"
+{
+  cmake --install "$build" --prefix "$prefix" &&
+    cmake -S tests/install_consumer -B "$build/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DCMAKE_BUILD_TYPE=Release &&
+    cmake --build "$build/consumer"
+} >"$build/consumer.log" 2>&1 || { cat "$build/consumer.log"; exit 1; }
+"$build/consumer/openmla_consumer"
+
 if [ "${OPENMLA_SKIP_FUZZ:-0}" != 1 ]; then
   echo "== C++: fuzz the validators and the CPU backend (tools/fuzz.sh, ASan + UBSan)"
   bash tools/fuzz.sh
