@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Runs every test that can run on this machine: the C++ CPU tier (ctest) and the Python package's
-# tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are compiled too, so a
-# register spill in any kernel fails here. GPU tests run on a Hopper GPU via tools/device_check.sh.
+# Runs every test that can run on this machine: the C++ CPU tier (ctest, then again under ASan +
+# UBSan), a project built against the installed library, the fuzz targets (tools/fuzz.sh) and
+# the Python package's tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are
+# compiled too, so a register spill in any kernel fails here. GPU tests run on a Hopper GPU via
+# tools/device_check.sh. OPENMLA_SKIP_SANITIZE=1, OPENMLA_SKIP_FUZZ=1 and OPENMLA_SKIP_PYTHON=1
+# leave those steps out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -22,6 +25,18 @@ fi
 
 echo "== C++: tests"
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$jobs} ctest --test-dir "$build" --output-on-failure
+
+if [ "${OPENMLA_SKIP_SANITIZE:-0}" != 1 ]; then
+  # The CPU tier again, built with ASan + UBSan (host code only: no CUDA, no benchmarks).
+  echo "== C++: the CPU tests under ASan + UBSan ($build-asan)"
+  {
+    cmake -S . -B "$build-asan" -DOPENMLA_CUDA=OFF -DOPENMLA_BUILD_BENCH=OFF \
+      -DOPENMLA_INSTALL=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" &&
+      cmake --build "$build-asan" -j "$jobs" --target openmla_cpu_tests
+  } >"$build/asan_build.log" 2>&1 || { tail -n 40 "$build/asan_build.log"; exit 1; }
+  OMP_NUM_THREADS=$jobs "$build-asan/tests/openmla_cpu_tests" --gtest_brief=1
+fi
 
 echo "== C++: install, then build and run a project that uses it (tests/install_consumer)"
 prefix="$(cd "$build" && pwd)/install"
