@@ -12,7 +12,8 @@
 #   build.log      configure + build output        ptxas.txt   registers/stack/spills per kernel
 #   cpu_tests.txt  gpu_tests.txt  sanitizer.txt    bench.txt   (every openmla_bench_* appended)
 #   python.txt     pytest on the GPU, the context-parallel example (simulated shards, and one
-#                  rank a GPU through NCCL where the machine has 2 or more), the demo (main job)
+#                  rank a GPU through NCCL where the machine has 2 or more), the demo (main job),
+#                  the C++ serving-step example (examples/cpp) against the installed library
 # Exits non-zero when any step failed; later steps still run where they can.
 #
 # Options (environment):
@@ -272,6 +273,17 @@ if built "$BUILD_DIR/bench/openmla_demo"; then
   echo "===== openmla_demo (the main job)" >>"$LOG"
   run_step "$LOG" 180 "$BUILD_DIR/bench/openmla_demo" --iters 10
   if [[ $STEP_RC -eq 0 ]]; then record demo PASS "$STEP_SECONDS"; else record demo FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
+  # The C++ serving-step example against the installed library: kv_cache_write + one schedule +
+  # dense_decode per layer, replayed as a CUDA graph, its last output checked against the CPU.
+  echo "===== examples/cpp decode_step (installed library, CUDA graph)" >>"$LOG"
+  BUILD_ABS="$(cd "$BUILD_DIR" && pwd)"
+  run_step "$LOG" 240 bash -c "cmake --install '$BUILD_ABS' --prefix '$BUILD_ABS/install' >/dev/null &&
+    cmake -S '$ROOT/examples/cpp' -B '$BUILD_ABS/examples-cpp' -G Ninja \
+      -DCMAKE_PREFIX_PATH='$BUILD_ABS/install' -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+    cmake --build '$BUILD_ABS/examples-cpp' >/dev/null &&
+    '$BUILD_ABS/examples-cpp/openmla_decode_step' --device cuda"
+  if [[ $STEP_RC -eq 0 ]]; then record cpp_example PASS "$STEP_SECONDS" "$(grep -m1 'vs the CPU backend' "$LOG" | cut -c1-120)"; else
+    record cpp_example FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
 fi
 
 # --- benchmarks ------------------------------------------------------------------------------

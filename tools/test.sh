@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test that can run on this machine: the C++ CPU tier (ctest, then again under ASan +
-# UBSan), a project built against the installed library, the fuzz targets (tools/fuzz.sh) and
+# UBSan), the C++ examples built against the installed library, the fuzz targets (tools/fuzz.sh) and
 # the Python package's tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are
 # compiled too, so a register spill in any kernel fails here. GPU tests run on a Hopper GPU via
 # tools/device_check.sh. OPENMLA_SKIP_SANITIZE=1, OPENMLA_SKIP_FUZZ=1 and OPENMLA_SKIP_PYTHON=1
@@ -38,16 +38,17 @@ if [ "${OPENMLA_SKIP_SANITIZE:-0}" != 1 ]; then
   OMP_NUM_THREADS=$jobs "$build-asan/tests/openmla_cpu_tests" --gtest_brief=1
 fi
 
-echo "== C++: install, then build and run a project that uses it (tests/install_consumer)"
+echo "== C++: install, then build and run the C++ examples against it (examples/cpp)"
 prefix="$(cd "$build" && pwd)/install"
-rm -rf "$prefix" "$build/consumer"
+rm -rf "$prefix" "$build/examples-cpp"
 {
   cmake --install "$build" --prefix "$prefix" &&
-    cmake -S tests/install_consumer -B "$build/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+    cmake -S examples/cpp -B "$build/examples-cpp" -DCMAKE_PREFIX_PATH="$prefix" \
       -DCMAKE_BUILD_TYPE=Release &&
-    cmake --build "$build/consumer"
-} >"$build/consumer.log" 2>&1 || { cat "$build/consumer.log"; exit 1; }
-"$build/consumer/openmla_consumer"
+    cmake --build "$build/examples-cpp" -j "$jobs"
+} >"$build/examples-cpp.log" 2>&1 || { cat "$build/examples-cpp.log"; exit 1; }
+"$build/examples-cpp/openmla_dense_decode_check"
+"$build/examples-cpp/openmla_decode_step" --device cpu --layers 2 --batch 4 --seqlen 512 --steps 2
 
 if [ "${OPENMLA_SKIP_FUZZ:-0}" != 1 ]; then
   echo "== C++: fuzz the validators and the CPU backend (tools/fuzz.sh, ASan + UBSan)"
