@@ -259,7 +259,12 @@ int main(int argc, char** argv) {
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cudaGraph_t graph;
     cudaGraphExec_t exec;
+    // One step outside the capture first, as engines warm up before capturing: first calls
+    // load modules and set kernel attributes, which need not happen inside a capture. (It
+    // writes step 0's tokens, which the first replay writes again, the same bytes.)
     set_lengths(0);
+    step(stream);
+    check(cudaStreamSynchronize(stream), "warm-up");
     check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
     step(stream);
     check(cudaStreamEndCapture(stream, &graph), "end capture");
