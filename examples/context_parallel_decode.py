@@ -175,9 +175,11 @@ def run_simulated(args):
 def run_distributed(args):
     import torch.distributed as dist
 
+    # The rank's GPU first: NCCL's communicator (and a barrier before any collective) then use
+    # it, never GPU 0 for every rank.
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     device = torch.device("cuda")
     q, kv = make_problem(args, device)
     lo, hi = shard_bounds(args.seqlen, world, rank)
