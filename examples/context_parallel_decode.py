@@ -7,6 +7,7 @@ table), runs OpenMLA dense decode on its shard, all-gathers (out, lse) through t
 compared with a single-GPU decode over the whole cache.
 
   torchrun --nproc-per-node 2 examples/context_parallel_decode.py          # N GPUs, NCCL
+  torchrun --nproc-per-node 2 examples/context_parallel_decode.py --device cpu   # CPU, gloo
   python examples/context_parallel_decode.py --simulate 4                  # 1 GPU, shards in turn
   python examples/context_parallel_decode.py --simulate 4 --device cpu     # CPU backend
 
@@ -175,12 +176,13 @@ def run_simulated(args):
 def run_distributed(args):
     import torch.distributed as dist
 
-    # The rank's GPU first: NCCL's communicator (and a barrier before any collective) then use
-    # it, never GPU 0 for every rank.
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
-    dist.init_process_group("nccl")
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        # The rank's GPU first: NCCL's communicator (and a barrier before any collective) then
+        # use it, never GPU 0 for every rank.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda")
     q, kv = make_problem(args, device)
     lo, hi = shard_bounds(args.seqlen, world, rank)
     shard = paged(kv[:, lo:hi], args.page_size, rank + 1)
@@ -189,11 +191,17 @@ def run_distributed(args):
         dist.barrier()
         with Timer(device) as t_step:
             out_r, lse_r = decode(q, *shard)
-            outs = torch.empty((world,) + tuple(out_r.shape), dtype=out_r.dtype, device=device)
-            lses = torch.empty((world,) + tuple(lse_r.shape), dtype=lse_r.dtype, device=device)
+            # The ranks' parts concatenated along dim 0 (the layout every backend's
+            # all_gather_into_tensor takes; gloo checks it), then viewed as [world, ...].
+            outs = torch.empty((world * out_r.shape[0],) + tuple(out_r.shape[1:]),
+                               dtype=out_r.dtype, device=device)
+            lses = torch.empty((world * lse_r.shape[0],) + tuple(lse_r.shape[1:]),
+                               dtype=lse_r.dtype, device=device)
             with Timer(device) as t_gather:
                 dist.all_gather_into_tensor(outs, out_r.contiguous())
                 dist.all_gather_into_tensor(lses, lse_r.contiguous())
+            outs = outs.view((world,) + tuple(out_r.shape))
+            lses = lses.view((world,) + tuple(lse_r.shape))
             with Timer(device) as t_merge:
                 out, lse = merge(outs, lses)
         step_ms.append(t_step.ms)
@@ -203,13 +211,16 @@ def run_distributed(args):
     if rank == 0:
         ref_out, ref_lse = decode(q, *paged(kv, args.page_size, 0))
         med = statistics.median
-        print(f"{world} ranks (NCCL): b={args.batch} s_q={args.s_q} h_q={args.heads} "
+        print(f"{world} ranks ({dist.get_backend().upper()}): b={args.batch} s_q={args.s_q} h_q={args.heads} "
               f"seqlen={args.seqlen} ({hi - lo} tokens per rank): step {med(step_ms):.3f} ms, "
               f"all-gather {med(gather_ms):.3f} ms, merge {med(merge_ms):.3f} ms "
               f"({100 * med(merge_ms) / med(step_ms):.1f}% of the step), median of {args.iters}")
-        ok = check(out, lse, ref_out, ref_lse, "context-parallel vs single-GPU decode")
+        ok = check(out, lse, ref_out, ref_lse, "context-parallel vs one-device decode")
     flag = torch.tensor([int(ok)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if device.type != "cuda":
+        dist.destroy_process_group()
+        return bool(flag.item())
     # Each rank's decode and the merge in CUDA graphs (no collective inside a graph: a capture
     # failing on one rank cannot leave another waiting in it), after the check.
     decode_g, why = graph_ms(lambda: decode(q, *shard), args.iters)
