@@ -24,9 +24,13 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "bf16.h"
+
 namespace {
 
 using namespace openmla;
+using example::from_bf16;
+using example::to_bf16;
 
 constexpr int64_t kDimQK = 576, kDimV = 512, kPage = 64;
 
@@ -91,19 +95,6 @@ class Buffer {
   void* data_ = nullptr;
   std::vector<uint8_t> host_;
 };
-
-uint16_t to_bf16(float x) {  // round to nearest even (finite inputs)
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-float from_bf16(uint16_t x) {
-  const uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 std::vector<uint16_t> random_bf16(size_t n, uint32_t seed) {
   std::vector<uint16_t> v(n);

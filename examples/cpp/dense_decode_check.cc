@@ -9,25 +9,12 @@
 #include <cstring>
 #include <vector>
 
-namespace {
-
-uint16_t to_bf16(float x) {  // round to nearest even (finite inputs)
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-float from_bf16(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float x;
-  std::memcpy(&x, &bits, 4);
-  return x;
-}
-
-}  // namespace
+#include "bf16.h"
 
 int main() {
   using namespace openmla;
+  using example::from_bf16;
+  using example::to_bf16;
   constexpr int64_t kHeads = 4, kDimQK = 576, kDimV = 512, kPage = 16, kBlocks = 3, kLen = 37;
   std::vector<uint16_t> q(kHeads * kDimQK), cache(kBlocks * kPage * kDimQK), out(kHeads * kDimV);
   std::vector<float> lse(kHeads);
