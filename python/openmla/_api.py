@@ -49,6 +49,9 @@ def _require_array(op: str, arg: str, x: Any) -> None:
     if not fw.is_array(x):
         raise TypeError(f"{op}: {arg}: expected an array (numpy.ndarray or torch.Tensor), got "
                         f"{type(x).__name__}")
+    if fw.is_torch_tensor(x) and (x.is_nested or x.layout != fw._torch().strided):
+        kind = "a nested tensor" if x.is_nested else f"layout {x.layout}"
+        raise TypeError(f"{op}: {arg}: expected a dense (strided) tensor, got {kind}")
 
 
 def _check(op: str, arg: str, x: Any, dtypes: Sequence[str], rank: Optional[int] = None,

@@ -73,6 +73,16 @@ def test_inputs_requiring_grad_and_strided():
     assert torch.equal(out, expected)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_sparse_and_nested_tensors_are_named():
+    q, k, bt, sl = dense_inputs()
+    with pytest.raises(TypeError, match="block_table: expected a dense .strided. tensor, got "
+                                        "layout torch.sparse_coo"):
+        openmla.dense_decode(q, k, bt.to_sparse(), sl)
+    with pytest.raises(TypeError, match="q: expected a dense .strided. tensor, got a nested"):
+        openmla.dense_decode(torch.nested.nested_tensor([q[0], q[1]]), k, bt, sl)
+
+
 @pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_model1", "fp8_mx"])
 def test_sparse_decode_and_float8_view(fmt):
     q, cache, idx, x = sparse_inputs(fmt)
