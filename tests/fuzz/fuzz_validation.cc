@@ -29,7 +29,7 @@ TensorView any_view(Input& in) {
   t.rank = static_cast<int8_t>(in.take<uint8_t>()) % 9;
   for (int d = 0; d < kMaxTensorRank; ++d) {
     t.shape[d] = any_size(in);
-    t.strides[d] = in.take<int8_t>();
+    t.strides[d] = int64_t{in.take<int8_t>()};  // negative and zero strides too
   }
   t.device = Device::cuda(0);
   return t;
@@ -140,7 +140,8 @@ void host_plan(Input& in) {
     const uint8_t k = in.take<uint8_t>();
     len = (k & 0x80) ? (in.take<int32_t>() & 0x7fffffff) : k;
   }
-  std::vector<int32_t> metadata(parts * kScheduleMetadataInts), num_splits(batch + 1);
+  std::vector<int32_t> metadata(static_cast<size_t>(parts) * kScheduleMetadataInts);
+  std::vector<int32_t> num_splits(batch + 1);
   core::plan_decode_schedule_host(seqlens.data(), batch, parts, block_tokens,
                                   core::kScheduleSplitOverheadBlocks, core::kScheduleCombineBlocks,
                                   metadata.data(), num_splits.data());
