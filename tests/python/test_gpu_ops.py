@@ -223,6 +223,21 @@ def test_dense_decode(b, s_q, h_q, h_kv, causal, seqlens, d_qk):
     assert_lse_close(lse, cpu_lse)
 
 
+def test_empty_batch_and_merge_of_no_tokens():
+    """A batch of 0 requests and a merge of 0 tokens are valid and launch nothing harmful."""
+    q = randn(0, 1, 128, 576, seed=6)
+    k_cache = randn(4, 64, 1, 576, seed=7)
+    block_table = torch.zeros((0, 2), dtype=torch.int32, device=DEVICE)
+    seqlens = torch.zeros((0,), dtype=torch.int32, device=DEVICE)
+    out, lse = openmla.dense_decode(q, k_cache, block_table, seqlens)
+    assert out.shape == (0, 1, 128, 512) and lse.shape == (0, 128, 1)
+    merged, merged_lse = openmla.merge_attention_states(
+        torch.zeros((3, 0, 4, 512), device=DEVICE), torch.zeros((3, 0, 4), device=DEVICE))
+    assert merged.shape == (0, 4, 512) and merged_lse.shape == (0, 4)
+    # the stream is still healthy afterwards
+    assert torch.isfinite(randn(4, seed=8).float()).all()
+
+
 @pytest.mark.parametrize("fmt,layout", [("fp8_v32", "default"), ("fp8_model1", "default"),
                                         ("fp8_mx", "default"), ("fp8_mx", "interleaved"),
                                         ("bf16", "default")])
