@@ -68,28 +68,26 @@ class Buffer {
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  void upload(const void* src) {
-#ifdef OPENMLA_EXAMPLE_WITH_CUDA
-    if (device_.type == DeviceType::kCUDA) {
-      check(cudaMemcpy(data_, src, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
-      return;
-    }
-#endif
-    std::memcpy(data_, src, bytes_);
-  }
-  void download(void* dst) const {
-#ifdef OPENMLA_EXAMPLE_WITH_CUDA
-    if (device_.type == DeviceType::kCUDA) {
-      check(cudaMemcpy(dst, data_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      return;
-    }
-#endif
-    std::memcpy(dst, data_, bytes_);
-  }
+  void upload(const void* src) { copy(data_, src, true); }
+  void download(void* dst) const { copy(dst, data_, false); }
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
  private:
+  // The whole buffer between the host and this buffer's device.
+  void copy(void* dst, const void* src, bool to_device) const {
+#ifdef OPENMLA_EXAMPLE_WITH_CUDA
+    if (device_.type == DeviceType::kCUDA) {
+      check(cudaMemcpy(dst, src, bytes_, to_device ? cudaMemcpyHostToDevice
+                                                   : cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
+      return;
+    }
+#endif
+    (void)to_device;
+    std::memcpy(dst, src, bytes_);
+  }
+
   Device device_;
   size_t bytes_;
   void* data_ = nullptr;
