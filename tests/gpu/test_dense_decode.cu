@@ -282,6 +282,112 @@ TEST(DenseDecodeSmall, PipelineBoundaries) {
   run_case({.h_q = 16, .seqlens = {37, 200, 129, 64, 0, 128}, .num_sm_parts = 2, .seed = 40});
   run_case({.h_q = 128, .seqlens = {65, 1, 192}, .num_sm_parts = 1, .seed = 41});
 }
+// A caller's schedule is checked for its shape only; its contents are trusted to be a plan of
+// these lengths. The kernels still keep a wrong one inside the buffers: random garbage, extreme
+// values and a stale plan (of longer lengths, at 16-key splits) leave the outside of out, lse
+// and the workspace untouched (guard bands), and compute-sanitizer sees no access out of bounds
+// (a Small test). What such a call writes inside out and lse is unspecified. The true plan,
+// before and after, gives the right answer.
+TEST(DenseDecodeSmall, CorruptedScheduleStaysInBounds) {
+  const DecodeCase c{.h_q = 16, .page_size = 16, .seqlens = {0, 300, 129, 700, 37}, .seed = 170};
+  Rng rng(c.seed);
+  HostProblem p = make_problem(c, rng);
+  run_reference(&p, false);
+  const int b = static_cast<int>(p.batch);
+  constexpr int kParts = 6;
+  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
+  DeviceTensor seqlens = to_device(p.seqlens);
+  HostTensor out = make_out(c, b), lse = make_lse(c, b);
+  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
+  const size_t ws_bytes =
+      cuda::sm90::dense_decode_workspace_bytes(b, c.s_q, c.h_q, c.h_kv, kDimV, kParts);
+  constexpr size_t kGuard = size_t{1} << 16;
+  DeviceBuffer ws(ws_bytes + 2 * kGuard);  // [guard | workspace | guard]
+  DeviceBuffer meta_d(sizeof(int32_t) * kParts * kScheduleMetadataInts);
+  DeviceBuffer splits_d(sizeof(int32_t) * (b + 1));
+  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
+                              false);
+  a.workspace = {static_cast<char*>(ws.data()) + kGuard, ws_bytes};
+  a.schedule.metadata = TensorView::contiguous(meta_d.data(), DType::kInt32,
+                                               {kParts, kScheduleMetadataInts}, Device::cuda(0));
+  a.schedule.num_splits = TensorView::contiguous(splits_d.data(), DType::kInt32, {b + 1},
+                                                 Device::cuda(0));
+
+  auto plan = [&](const std::vector<int32_t>& lens, int block_tokens, std::vector<int32_t>* meta,
+                  std::vector<int32_t>* splits) {
+    meta->assign(kParts * kScheduleMetadataInts, 0);
+    splits->assign(b + 1, 0);
+    core::plan_decode_schedule_host(lens.data(), b, kParts, block_tokens,
+                                    core::kScheduleSplitOverheadBlocks,
+                                    core::kScheduleCombineBlocks, meta->data(), splits->data());
+  };
+  // One call with this schedule; out and lse poisoned first, the guards checked after.
+  auto run = [&](const std::vector<int32_t>& meta, const std::vector<int32_t>& splits,
+                 const std::string& what) {
+    SCOPED_TRACE(what);
+    meta_d.copy_from_host(meta.data(), sizeof(int32_t) * meta.size());
+    splits_d.copy_from_host(splits.data(), sizeof(int32_t) * splits.size());
+    out_d.buffer.poison();
+    lse_d.buffer.poison();
+    ws.fill_bytes(0x5A);
+    const Status st = dense_decode(a);
+    ASSERT_TRUE(st.ok()) << st.message();
+    check_cuda(cudaGetLastError(), "dense_decode launch");
+    synchronize();
+    copy_to_host(out_d, &out);
+    copy_to_host(lse_d, &lse);
+    EXPECT_EQ(count_written_gaps(out), 0) << "out written outside its view";
+    EXPECT_EQ(count_written_gaps(lse), 0) << "lse written outside its view";
+    const std::vector<uint8_t> bytes = to_host<uint8_t>(ws, ws.bytes());
+    int64_t guard_changed = 0;
+    for (size_t i = 0; i < kGuard; ++i) {
+      guard_changed += bytes[i] != 0x5A;
+      guard_changed += bytes[kGuard + ws_bytes + i] != 0x5A;
+    }
+    EXPECT_EQ(guard_changed, 0) << "bytes written outside the workspace";
+  };
+
+  std::vector<int32_t> lens(c.seqlens.begin(), c.seqlens.end()), meta, splits;
+  plan(lens, 64, &meta, &splits);
+  const std::vector<int32_t> true_meta = meta, true_splits = splits;
+  run(true_meta, true_splits, "the true plan");
+  expect_close(compare(p, out, lse), "the true plan");
+
+  plan({900, 1000, 1200, 1100, 800}, 16, &meta, &splits);
+  run(meta, splits, "a stale plan of longer lengths at 16-key splits");
+
+  const int32_t kMin = std::numeric_limits<int32_t>::min();
+  const int32_t kMax = std::numeric_limits<int32_t>::max();
+  const std::vector<int32_t> extremes = {kMin, kMin + 1, -64, -1, 0, 1, b - 1, b, b + 1,
+                                         kParts, 2 * kParts, 4096, kMax - 1, kMax};
+  auto wild = [&]() -> int32_t {
+    if (rng.coin()) return extremes[rng.randint(0, static_cast<int64_t>(extremes.size()) - 1)];
+    return static_cast<int32_t>(rng.randint(-2000, 2000));
+  };
+  for (int trial = 0; trial < 24; ++trial) {
+    meta = true_meta;
+    splits = true_splits;
+    const bool everything = trial % 4 == 3;  // every field, else a few
+    const int changes = everything ? 0 : static_cast<int>(rng.randint(1, 4));
+    for (int f = 0; f < kParts * 5; ++f) {  // the five fields a worker reads
+      if (everything) meta[(f / 5) * kScheduleMetadataInts + f % 5] = wild();
+    }
+    for (size_t i = 0; everything && i < splits.size(); ++i) splits[i] = wild();
+    for (int n = 0; n < changes; ++n) {
+      if (rng.coin(0.6)) {
+        meta[rng.randint(0, kParts - 1) * kScheduleMetadataInts + rng.randint(0, 4)] = wild();
+      } else {
+        splits[rng.randint(0, b)] = wild();
+      }
+    }
+    run(meta, splits, "corrupted schedule " + std::to_string(trial));
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+
+  run(true_meta, true_splits, "the true plan again");
+  expect_close(compare(p, out, lse), "the true plan again");
+}
+
 // Scores ~8x wider than unit-variance data: tile maxima differ by more than the lazy max's
 // threshold (2^8), so the running max moves inside requests, in either warpgroup first, and O's
 // rescales (skipped while a warp's factors are all 1) must run (softmax.cuh lazy_max,
@@ -644,6 +750,30 @@ TEST(DenseDecodeErrors, KCacheStrideNotMultipleOf16Bytes) {
   const Status st = dense_decode(a);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
   EXPECT_NE(st.message().find("k_cache"), std::string::npos) << st.message();
+}
+
+// One CTA a schedule worker on the grid's z (at most 65535): a longer metadata is refused by
+// name before anything is read.
+TEST(DenseDecodeErrors, ScheduleOfMoreRowsThanTheGrid) {
+  const DecodeCase c{.h_q = 16, .seqlens = {100, 3}};
+  Rng rng(163);
+  HostProblem p = make_problem(c, rng);
+  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
+  DeviceTensor seqlens = to_device(p.seqlens);
+  HostTensor out = make_out(c, 2), lse = make_lse(c, 2);
+  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
+  DeviceBuffer workspace(workspace_bytes(c, 2)), splits(sizeof(int32_t) * 3), meta(64);
+  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
+                              false);
+  a.workspace = {workspace.data(), workspace.bytes()};
+  // (The view claims more than its buffer holds: the launcher must refuse it unread.)
+  a.schedule.metadata = TensorView::contiguous(meta.data(), DType::kInt32,
+                                               {65536, kScheduleMetadataInts}, Device::cuda(0));
+  a.schedule.num_splits =
+      TensorView::contiguous(splits.data(), DType::kInt32, {3}, Device::cuda(0));
+  const Status st = dense_decode(a);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("schedule.metadata"), std::string::npos) << st.message();
 }
 
 TEST(DenseDecodeErrors, UnsupportedPageSizeIsNotImplemented) {

@@ -65,11 +65,15 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 template <typename Element, int kSlots>
 __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCombineParams p) {
   const int r = blockIdx.y;
-  const int first = p.num_splits[r * p.num_splits_stride];
-  const int n = p.num_splits[(r + 1) * p.num_splits_stride] - first;
+  const int64_t first64 = p.num_splits[r * p.num_splits_stride];
+  const int64_t n64 = p.num_splits[(r + 1) * p.num_splits_stride] - first64;
   // One split: the decode kernel wrote this request itself. (num_splits comes from the planner,
   // which finished before the decode kernel, our primary, started.)
-  if (n <= 1) return;
+  if (n64 <= 1) return;
+  // Splits or slots past the workspace's: a corrupted schedule (params.max_splits).
+  const int64_t slot0 = 2 * (first64 - r);  // core::partial_slot(first, first, r)
+  if (first64 < 0 || first64 + n64 > p.max_splits || slot0 < 0 || slot0 + n64 > p.max_slots) return;
+  const int first = static_cast<int>(first64), n = static_cast<int>(n64);
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   constexpr int kChunks = 64 / kSlots;  // units a 16-row group's 64 slots are dealt over

@@ -35,6 +35,9 @@ struct DecodeCombineParams {
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
   bool out_16B = false;  // out 16-byte aligned with strides of multiples of 8 elements
   int batch = 0, s_q = 0, h_q = 0, h_kv = 1;
+  // The workspace's room (as DenseDecodeParams): a request whose splits or partial slots fall
+  // outside it (a corrupted caller's schedule) is left unwritten, never read out of bounds.
+  int max_splits = 0, max_slots = 0;
   int warps_per_row = 1;  // 1, 2, 4 or 8 warps share a unit's splits (decode_combine_warps_per_row)
   // A warp's loads of several splits in flight together, staged in shared memory by cp.async
   // (true, session 14), or one split's at a time (false: the loop before, kept until a same-run

@@ -140,8 +140,9 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       // ~2: session 10 run 5.) Only the warps of the first row_groups 16-row groups have a
       // block slot; threads whose rows are both past the request's store nothing.
       const int split = field(4) + (rr - field(0));
-      const int64_t block = core::partial_block(core::partial_slot(split, first_split, rr),
-                                                kv_head, m_block, p.h_kv, p.m_blocks);
+      const int slot = core::partial_slot(split, first_split, rr);
+      if (slot < 0 || slot >= p.max_slots) return;  // a corrupted schedule (params.h)
+      const int64_t block = core::partial_block(slot, kv_head, m_block, p.h_kv, p.m_blocks);
       const int lanes = 32 * p.row_groups;  // the block's float4s of one column slot
       const int block_float4s = core::partial_block_float4s(p.row_groups, Traits::kHeadDimV);
       float4* out = reinterpret_cast<float4*>(p.o_accum) + block * block_float4s +
@@ -443,7 +444,9 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
         p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] = lse;
       } else {
         const int split = field(4) + (r - field(0));
-        p.lse_accum[(static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h] = lse;
+        if (split >= 0 && split < p.max_splits) {  // else a corrupted schedule (params.h)
+          p.lse_accum[(static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h] = lse;
+        }
       }
     }
     write_out(r, single, first_split);
@@ -488,6 +491,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int32_t* meta = params.metadata + blockIdx.z * params.metadata_stride_part;
 #pragma unroll
     for (int f = 0; f < 5; ++f) smem.range[f] = meta[f * params.metadata_stride_field];
+    // A caller's schedule is checked for shape only: its requests are kept in [0, batch) (a
+    // range past either end walks nothing). Tokens are clamped per request (request_piece), and
+    // splits to the workspace's room as they are stored.
+    smem.range[0] = max(smem.range[0], 0);
+    smem.range[2] = min(smem.range[2], params.batch - 1);
   }
   __syncthreads();
 #if defined(OPENMLA_DENSE_DECODE_TRACE)

@@ -243,6 +243,12 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   if (sms == 0) return Status::CudaError("dense_decode: could not read the device's SM count");
 
   const bool plan_here = !args.schedule.metadata.defined();
+  // A caller's schedule: one CTA a worker on the grid's z, which holds at most 65535.
+  constexpr int64_t kMaxScheduleRows = 65535;
+  if (!plan_here && args.schedule.metadata.shape[0] > kMaxScheduleRows) {
+    return invalid("schedule.metadata: ", args.schedule.metadata.shape[0],
+                   " rows (workers), at most ", kMaxScheduleRows);
+  }
   const int parts = plan_here ? decode_sm_parts_for(sms, static_cast<int>(shape.s_q),
                                                     static_cast<int>(shape.h_q),
                                                     static_cast<int>(shape.h_kv))
@@ -319,6 +325,8 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.seqlens_stride = args.cache_seqlens.strides[0];
   params.lse_accum = reinterpret_cast<float*>(ws + layout.lse_accum);
   params.o_accum = reinterpret_cast<float*>(ws + layout.o_accum);
+  params.max_splits = static_cast<int>(core::max_schedule_splits(shape.batch, parts));
+  params.max_slots = static_cast<int>(core::max_partial_slots(parts));
   params.batch = static_cast<int>(shape.batch);
   params.s_q = static_cast<int>(shape.s_q);
   params.h_q = static_cast<int>(shape.h_q);
@@ -356,6 +364,8 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   DecodeCombineParams combine;
   combine.lse_accum = params.lse_accum;
   combine.o_accum = params.o_accum;
+  combine.max_splits = params.max_splits;
+  combine.max_slots = params.max_slots;
   combine.num_splits = params.num_splits;
   combine.num_splits_stride = params.num_splits_stride;
   combine.out = params.out;

@@ -43,6 +43,10 @@ struct DenseDecodeParams {
   // blocks of 16 row_groups rows x 512 in the accumulator's order, by partial_slot (combine.h).
   float* lse_accum;
   float* o_accum;
+  // The workspace's room: global splits [0, max_splits) in lse_accum, partial slots
+  // [0, max_slots) in o_accum. A caller's schedule is checked for shape only, so a split whose
+  // index or slot falls outside (a corrupted schedule) is not stored.
+  int max_splits, max_slots;
 
   int batch, s_q, h_q, h_kv;
   int group;         // h_q / h_kv: query heads per kv head (consecutive)

@@ -33,7 +33,10 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
   piece.seqlen = static_cast<int>(len);
   piece.tok_begin = r == begin_req ? begin_tok : 0;
   piece.tok_end = min(r == last_req ? end_tok : piece.seqlen, piece.seqlen);
+  // (The planner's pieces need neither clamp; a caller's schedule, stale or corrupted, may: a
+  // begin past the request's keys would read block-table entries past its row.)
   if (piece.tok_begin < 0) piece.tok_begin = 0;
+  if (piece.tok_begin > piece.seqlen) piece.tok_begin = piece.seqlen;
   if (piece.tok_end < piece.tok_begin) piece.tok_end = piece.tok_begin;
   piece.tile_begin = piece.tok_begin & ~63;
   return piece;
