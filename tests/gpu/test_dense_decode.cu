@@ -468,9 +468,11 @@ TEST(DenseDecode, OutputStores) {
   const TuningScope scope;
   auto& tuning = cuda::sm90::dense_decode_tuning();
   uint64_t seed = 320;
-  for (int mode : {2, 1}) {
-    tuning.output_stores = mode;
-    SCOPED_TRACE("output_stores " + std::to_string(mode));
+  for (int mode : {3, 2, 1}) {  // 3: out_tma over the 16-byte stores
+    tuning.output_stores = mode == 3 ? 2 : mode;
+    tuning.out_tma = mode == 3 ? 1 : 0;
+    SCOPED_TRACE("output_stores " + std::to_string(tuning.output_stores) + ", out_tma " +
+                 std::to_string(tuning.out_tma));
     run_case({.h_q = 128, .seqlens = {65, 0, 300}, .seed = seed++});
     run_case({.s_q = 2, .h_q = 24, .seqlens = {100, 1}, .causal = true, .seed = seed++});
     run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 16, .seqlens = {200, 64}, .seed = seed++,

@@ -55,7 +55,7 @@ struct DenseDecodeTuning {
   // Output of unsplit requests staged in Q's shared memory (stmatrix) and stored by TMA (1),
   // where Q comes by TMA and out's data and strides allow a tensor map; the next request's Q then
   // loads once the stores have read the buffer. 0: the 16-byte register stores (output_stores).
-  int out_tma = 0;
+  int out_tma = 1;
   // 1: the next request's Q prefetched into L2 (TMA prefetch) at a request's start.
   int q_prefetch = 0;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
