@@ -461,9 +461,10 @@ TEST(DenseDecode, CombineLoops) {
   }
 }
 
-// The output of unsplit requests both ways (DenseDecodeTuning::output_stores): 16-byte stores after
-// a transpose inside each quad (2, the default; only where out's strides are multiples of 8
-// elements) and 4-byte stores (1, and always for out strides of 2 elements).
+// The output of unsplit requests every way: through shared memory and TMA stores (out_tma, the
+// default where a map fits), 16-byte stores after a transpose inside each quad (output_stores 2;
+// only where out's strides are multiples of 8 elements) and 4-byte stores (1, and always for out
+// strides of 2 elements).
 TEST(DenseDecode, OutputStores) {
   const TuningScope scope;
   auto& tuning = cuda::sm90::dense_decode_tuning();

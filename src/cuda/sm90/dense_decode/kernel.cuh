@@ -116,7 +116,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // Q by TMA (p.q_tma): lane 0 of the first p.q_issuers compute warps load request r's 64 rows
   // (rows past the request's are the map's zero fill): the first request's right away, each next
   // one's once both warpgroups are past their last QK^T (kBarEpilogue), so it lands under the
-  // epilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
+  // epilogue, or, where the output goes out through Q's buffer (p.out_tma), once its stores
+  // have read it. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
   // request boundary; issued earlier, by the producer warps right after the last QK^T, or
   // prefetched into L2, it measured no better: NOTES.md session 8.)
   const int warp = thread / 32;  // 0-7 over both warpgroups
