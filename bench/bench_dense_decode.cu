@@ -443,6 +443,8 @@ bool apply_knobs() {
     else if (name == "q_tma") tuning.q_tma = value;
     else if (name == "output_stores") tuning.output_stores = value;
     else if (name == "q_issuers") tuning.q_issuers = value;
+    else if (name == "out_tma") tuning.out_tma = value;
+    else if (name == "q_prefetch") tuning.q_prefetch = value;
     else if (name == "page" && value > 0 && (value % 64 == 0 || 64 % value == 0)) g_page = value;
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());

@@ -461,16 +461,19 @@ TEST(DenseDecode, CombineLoops) {
   }
 }
 
-// The output of unsplit requests both ways (DenseDecodeTuning::output_stores): 16-byte stores after
-// a transpose inside each quad (2, the default; only where out's strides are multiples of 8
-// elements) and 4-byte stores (1, and always for out strides of 2 elements).
+// The output of unsplit requests every way: through shared memory and TMA stores (out_tma, the
+// default where a map fits), 16-byte stores after a transpose inside each quad (output_stores 2;
+// only where out's strides are multiples of 8 elements) and 4-byte stores (1, and always for out
+// strides of 2 elements).
 TEST(DenseDecode, OutputStores) {
   const TuningScope scope;
   auto& tuning = cuda::sm90::dense_decode_tuning();
   uint64_t seed = 320;
-  for (int mode : {2, 1}) {
-    tuning.output_stores = mode;
-    SCOPED_TRACE("output_stores " + std::to_string(mode));
+  for (int mode : {3, 2, 1}) {  // 3: out_tma over the 16-byte stores
+    tuning.output_stores = mode == 3 ? 2 : mode;
+    tuning.out_tma = mode == 3 ? 1 : 0;
+    SCOPED_TRACE("output_stores " + std::to_string(tuning.output_stores) + ", out_tma " +
+                 std::to_string(tuning.out_tma));
     run_case({.h_q = 128, .seqlens = {65, 0, 300}, .seed = seed++});
     run_case({.s_q = 2, .h_q = 24, .seqlens = {100, 1}, .causal = true, .seed = seed++});
     run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 16, .seqlens = {200, 64}, .seed = seed++,
@@ -478,6 +481,40 @@ TEST(DenseDecode, OutputStores) {
     run_case({.h_q = 64, .seqlens = {129, 7}, .strided = false, .seed = seed++});
   }
 }
+
+// Unsplit requests' output staged in Q's shared memory and stored by TMA (out_tma), the next Q
+// prefetched into L2 (q_prefetch): rows past the request's clipped by the map (s_q x group
+// short of 64 rows, partial m-blocks), several requests a CTA (the next Q loads only once the
+// stores have read the buffer), split requests beside unsplit ones, and outputs no map can
+// describe (4-byte row strides, a group that neither divides nor is divided by 64) falling back
+// to the register stores.
+void run_out_tma_cases(uint64_t seed, bool small) {
+  const TuningScope scope;
+  auto& tuning = cuda::sm90::dense_decode_tuning();
+  tuning.out_tma = 1;
+  for (int prefetch : {0, 1}) {
+    tuning.q_prefetch = prefetch;
+    SCOPED_TRACE("q_prefetch " + std::to_string(prefetch));
+    run_case({.h_q = 16, .seqlens = {37, 0, 200, 1, 129}, .num_sm_parts = 2, .seed = seed++});
+    run_case({.s_q = 2, .h_q = 4, .seqlens = {1, 45, 80}, .causal = true, .num_sm_parts = 1,
+              .seed = seed++});
+    run_case({.h_q = 128, .seqlens = {65, 0, 300, 64}, .num_sm_parts = 1, .seed = seed++});
+    run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 16, .seqlens = {900, 30, 64},
+              .num_sm_parts = 3, .seed = seed++});
+    run_case({.h_q = 16, .seqlens = {200, 64}, .seed = seed++, .out_gap = 2});
+    if (small) continue;
+    run_case({.s_q = 3, .h_q = 64, .seqlens = {333, 70, 1000, 0}, .causal = true,
+              .num_sm_parts = 2, .seed = seed++});
+    run_case({.s_q = 2, .h_q = 128, .seqlens = {700, 1, 2048}, .causal = true, .seed = seed++});
+    run_case({.h_q = 32, .h_kv = 2, .seqlens = {500, 64, 3}, .num_sm_parts = 2, .seed = seed++});
+    run_case({.h_q = 1, .seqlens = {300, 5}, .seed = seed++});
+    run_case({.s_q = 2, .h_q = 48, .seqlens = {100, 513}, .causal = true, .seed = seed++});
+    run_case({.h_q = 128, .page_size = 16, .seqlens = {1000, 4000, 17, 64, 2500},
+              .strided = false, .seed = seed++});
+  }
+}
+TEST(DenseDecodeSmall, OutputThroughTma) { run_out_tma_cases(340, true); }
+TEST(DenseDecode, OutputThroughTma) { run_out_tma_cases(360, false); }
 
 // --- dtype x head dim ---------------------------------------------------------------------------
 TEST(DenseDecode, DtypesAndHeadDims) {

@@ -63,5 +63,34 @@ __device__ __forceinline__ void store_row_16B(char* out, TO const& O, int i, int
   }
 }
 
+// This warpgroup's half of O (64 rows x 256 dims, already normalised) as Element into pieces
+// 4 wg .. 4 wg + 3 of Q's shared memory (`sq`: 64 rows x 64 dims a piece, 128 B rows, 16-byte
+// chunk c of row r at chunk c ^ (r % 8): TMA's 128 B swizzle), for a TMA store. By stmatrix x4:
+// the accumulator's fragment is stmatrix's (lane t: row t / 4, columns 2 (t % 4), + 1 of an 8 x 8
+// block), so no shuffles; matrices 0-3 are rows +0 / +8 of n-blocks 2k / 2k + 1, lanes 8 j ..
+// 8 j + 7 addressing matrix j's rows, and 8 rows of one 16-byte chunk land on 8 distinct banks.
+template <class Element, class TO>
+__device__ __forceinline__ void stage_out_smem(void* sq, TO const& O, int wg, int warp_in_wg,
+                                               int lane) {
+  using namespace cute;
+  constexpr int kBlocks = size<1>(TO{}.layout()) / 2;  // n-blocks of 8 columns (32)
+  static_assert(kBlocks % 2 == 0);
+  const int row = 16 * warp_in_wg + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sq)) + row * 128;
+  const int block0 = wg * kBlocks + (lane >> 4);  // this lane's n-block over 512 dims, k = 0
+#pragma unroll
+  for (int k = 0; k < kBlocks / 2; ++k) {
+    const int cb = block0 + 2 * k;
+    const uint32_t addr = base + (cb >> 3) * 8192 + (((cb & 7) ^ (lane & 7)) << 4);
+    const uint32_t r0 = pack2<Element>(O(0, 4 * k), O(0, 4 * k + 1));
+    const uint32_t r1 = pack2<Element>(O(1, 4 * k), O(1, 4 * k + 1));
+    const uint32_t r2 = pack2<Element>(O(0, 4 * k + 2), O(0, 4 * k + 3));
+    const uint32_t r3 = pack2<Element>(O(1, 4 * k + 2), O(1, 4 * k + 3));
+    asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+  }
+}
+
 }  // namespace dense_decode_detail
 }  // namespace openmla::cuda::sm90

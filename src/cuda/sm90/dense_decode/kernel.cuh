@@ -116,7 +116,8 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // Q by TMA (p.q_tma): lane 0 of the first p.q_issuers compute warps load request r's 64 rows
   // (rows past the request's are the map's zero fill): the first request's right away, each next
   // one's once both warpgroups are past their last QK^T (kBarEpilogue), so it lands under the
-  // epilogue. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
+  // epilogue, or, where the output goes out through Q's buffer (p.out_tma), once its stores
+  // have read it. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
   // request boundary; issued earlier, by the producer warps right after the last QK^T, or
   // prefetched into L2, it measured no better: NOTES.md session 8.)
   const int warp = thread / 32;  // 0-7 over both warpgroups
@@ -152,6 +153,19 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       for (int k = 0; k < size<1>(O) / 2; ++k) {
         out[k * lanes] = make_float4(O(0, 2 * k), O(0, 2 * k + 1), O(1, 2 * k), O(1, 2 * k + 1));
       }
+      return;
+    }
+    if (p.out_tma) {
+      // Through Q's shared memory (free since kBarEpilogue) and a TMA store, so the rows drain
+      // to memory while the next request computes; the next Q loads once they are read out.
+      stage_out_smem<Element>(smem.q, O, wg, t / 32, lane);
+      fence_async_smem();
+      if (wg == 0) {  // (constant barrier ids: a computed one makes ptxas reserve all 16)
+        bar_sync(kBarWg0, 128);
+      } else {
+        bar_sync(kBarWg1, 128);
+      }
+      if (t == 0) store_out_tma<Traits>(p, smem, rr, kv_head, m_block, wg);
       return;
     }
     auto out_row = [&](int i) {  // this warpgroup's half of row i in out
@@ -202,6 +216,9 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       fence_async_smem();
     }
     bar_sync(kBarRequest, 256);
+    if (p.q_prefetch && q_issuer && r < field(2)) {
+      prefetch_q<Traits>(p, r + 1, kv_head, m_block, warp, p.q_issuers);
+    }
 
     int limit[2];  // keys >= limit are masked (piece end, causal)
 #pragma unroll
@@ -428,8 +445,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     }
     bar_sync(kBarEpilogue, 256);
     trace.mark_request(p, wg, r - field(0), 5);
-    if (q_issuer && r < field(2)) load_q_tma(r + 1);
     const bool single = n_splits == 1;
+    // The output staged through Q's buffer (out_tma) holds the next Q back until it is read out.
+    const bool staged = p.out_tma && single;
+    if (q_issuer && r < field(2) && !staged) load_q_tma(r + 1);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int grow = m_block * 64 + row_of[i];
@@ -450,6 +469,10 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       }
     }
     write_out(r, single, first_split);
+    if (staged && r < field(2)) {
+      bar_sync(kBarEpilogue, 256);  // both halves' stores have read the buffer
+      if (q_issuer) load_q_tma(r + 1);
+    }
     trace.mark_request(p, wg, r - field(0), 6);
   }
   return pair;

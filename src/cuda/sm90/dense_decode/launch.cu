@@ -148,11 +148,14 @@ Status encode_cache_map(const TensorView& k, const core::DenseDecodeShape& shape
 // q as (dim, head in group, kv head, token, request) for TMA (params.h tma_q): only when one box
 // is a whole Q piece (the group divides 64 or 64 divides it). Returns false to keep the
 // compute threads' loads.
-bool encode_q_map(const TensorView& q, const core::DenseDecodeShape& shape, int64_t group,
-                  CUtensorMap* map) {
+// q [b, s_q, h_q, dims] (or out, dims 512) as a 5-D map whose box is one 64-row x 64-dim piece
+// of a CTA's rows (params.h tma_q); false where the group or the strides do not allow one.
+bool encode_rows_map(const TensorView& q, int64_t dims_last, const core::DenseDecodeShape& shape,
+                     int64_t group, CUtensorMap* map) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr || q.data == nullptr || !(group % 64 == 0 || 64 % group == 0)) return false;
-  cuuint64_t dims[5] = {static_cast<cuuint64_t>(shape.d_qk), static_cast<cuuint64_t>(group),
+  if (q.strides[3] != 1) return false;
+  cuuint64_t dims[5] = {static_cast<cuuint64_t>(dims_last), static_cast<cuuint64_t>(group),
                         static_cast<cuuint64_t>(shape.h_kv), static_cast<cuuint64_t>(shape.s_q),
                         static_cast<cuuint64_t>(shape.batch)};
   cuuint64_t strides[4];
@@ -301,7 +304,8 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   const DenseDecodeTuning& tuning = dense_decode_tuning();
   const int promotion = tuning.l2_promotion >= 0 ? tuning.l2_promotion : (m_blocks == 1 ? 128 : 256);
   OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, promotion, &params.tma_k));
-  params.q_tma = tuning.q_tma != 0 && encode_q_map(args.q, shape, shape.h_q / shape.h_kv, &params.tma_q);
+  params.q_tma = tuning.q_tma != 0 &&
+                 encode_rows_map(args.q, shape.d_qk, shape, shape.h_q / shape.h_kv, &params.tma_q);
   params.q = args.q.data;
   params.q_stride_b = args.q.strides[0];
   params.q_stride_s = args.q.strides[1];
@@ -313,6 +317,10 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.output_stores = tuning.output_stores == 2 && !strides_aligned(args.out, 8)
                              ? 1
                              : tuning.output_stores;
+  params.out_tma = tuning.out_tma != 0 && params.q_tma && params.output_stores == 2 &&
+                   encode_rows_map(args.out, shape.d_v, shape, shape.h_q / shape.h_kv,
+                                   &params.tma_out);
+  params.q_prefetch = tuning.q_prefetch != 0 && params.q_tma;
   params.q_issuers = tuning.q_issuers < 1 ? 1 : (tuning.q_issuers > 8 ? 8 : tuning.q_issuers);
   params.lse = args.lse.data_as<float>();
   params.lse_stride_b = args.lse.strides[0];

@@ -52,6 +52,14 @@ struct DenseDecodeTuning {
   int output_stores = 2;
   // Compute warps issuing Q's TMA boxes (1-8): one thread streams only ~32 GB/s into an SM.
   int q_issuers = 8;
+  // Output of unsplit requests staged in Q's shared memory (stmatrix) and stored by TMA (1),
+  // where Q comes by TMA and out's data and strides allow a tensor map; the next request's Q then
+  // loads once the stores have read the buffer. 0: the register stores (output_stores). Same
+  // binary, session 16: 1,128,1024 74.0 -> 72.5 µs, others -0.5 to +0.3% (NOTES.md).
+  int out_tma = 1;
+  // 1: the next request's Q prefetched into L2 (TMA prefetch) at a request's start. Measured
+  // 0.2-0.8% slower with out_tma (session 16); kept for A/Bs.
+  int q_prefetch = 0;
   // Diagnostics only (the benchmark's "main kernel alone" time): launch no combine, so split
   // requests' outputs are left unwritten.
   int skip_combine = 0;

@@ -18,6 +18,12 @@ struct DenseDecodeParams {
   // divides the group (q_tma = 1); otherwise the compute threads load Q (q_tma = 0).
   CUtensorMap tma_q;
   int q_tma;
+  // out as a 5-D map of the same geometry as tma_q (d 512): a CTA's 64 output rows are 8 boxes
+  // of 64 dims, stored by TMA from Q's shared memory (out_tma = 1; rows past the request's are
+  // outside the map and not written), or by the compute threads' own stores (out_tma = 0).
+  CUtensorMap tma_out;
+  int out_tma;
+  int q_prefetch;  // the next request's Q prefetched into L2 at a request's start
 
   const void* q;  // [b, s_q, h_q, d_qk]
   int64_t q_stride_b, q_stride_s, q_stride_h;

@@ -63,6 +63,36 @@ __device__ __forceinline__ void issue_q(const DenseDecodeParams& p,
   }
 }
 
+// Request r's Q rows of this CTA into L2 (TMA prefetch, the pieces issue_q would load).
+template <class Traits>
+__device__ __forceinline__ void prefetch_q(const DenseDecodeParams& p, int r, int kv_head,
+                                           int m_block, int first, int step) {
+  const int row0 = m_block * Traits::kBlockM;
+  const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
+#pragma unroll 1
+  for (int c = first; c < Traits::kNumPieces; c += step) {
+    cute::SM90_TMA_LOAD_5D::PREFETCH::copy(&p.tma_q, c * Traits::kPieceDims, head0, kv_head, s0, r);
+  }
+}
+
+// This warpgroup's half of request r's output rows (pieces 4 wg .. 4 wg + 3 of Q's shared memory,
+// stage_out_smem) to out by TMA (rows past the request's are outside the map and not written),
+// waiting until the stores have read the buffer. One thread.
+template <class Traits>
+__device__ __forceinline__ void store_out_tma(const DenseDecodeParams& p,
+                                              typename Traits::SharedStorage& smem, int r,
+                                              int kv_head, int m_block, int wg) {
+  const int row0 = m_block * Traits::kBlockM;
+  const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
+#pragma unroll
+  for (int c = 4 * wg; c < 4 * wg + 4; ++c) {
+    cute::SM90_TMA_STORE_5D::copy(&p.tma_out, smem.q + c * Traits::kQPieceElems,
+                                  c * Traits::kPieceDims, head0, kv_head, s0, r);
+  }
+  cute::tma_store_arrive();
+  cute::tma_store_wait<0>();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Producers: lane 0 of warps 8 and 9 fill stage 0 (the even tiles), lane 0 of warps 10 and 11
 // stage 1 (the odd tiles), each refilling its pieces of a part as soon as the part is handed
