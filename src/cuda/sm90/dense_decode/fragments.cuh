@@ -1,5 +1,5 @@
-// Register fragments through memory (kernel.cuh): P between the two compute warpgroups, and rows
-// of the normalised O to `out` as 16-byte stores.
+// Register fragments through memory (kernel.cuh): P between the two compute warpgroups, and the
+// normalised O to Q's shared memory for a TMA store (stmatrix) or to `out` as 16-byte stores.
 #pragma once
 
 #include <cstdint>

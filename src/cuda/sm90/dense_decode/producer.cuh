@@ -1,6 +1,7 @@
 // What fills the dense decode kernel's shared memory (kernel.cuh): the producer warps' walk over
 // a worker's request pieces, refilling each part of a stage by TMA as soon as it is handed back,
-// and a request's Q, by TMA from the compute warps or by the compute threads' own loads.
+// and a request's Q, by TMA from the compute warps or by the compute threads' own loads; and
+// the output rows' TMA stores from that buffer.
 #pragma once
 
 #include <cstdint>
