@@ -16,6 +16,7 @@
 # Knob settings of one binary instead of trees (or besides them): VARIANTS="name:knobs;..." with
 # knobs as OPENMLA_BENCH_KNOBS takes them, e.g.
 #   VARIANTS="base:;first:evict_first=1;normal:evict_first=0" tools/ab_dense_decode.sh run
+# AB_KNOBS="page=16" applies knobs to every binary, trees and variants alike (before theirs).
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
@@ -96,7 +97,10 @@ case "${1:-}" in
         for round in 1 2 3; do
           for i in "${!benches[@]}"; do
             # the µs column of the single-shape row: | b | s_q | h_q | seqlen | µs | ...
-            us="$(OPENMLA_BENCH_KNOBS="${knobs[$i]}" OPENMLA_BENCH_SHAPE=$sh timeout 120 "${benches[$i]}" | grep "^| " | tail -n 1 |
+            k="${AB_KNOBS:-}"
+            [[ -n "$k" && -n "${knobs[$i]}" ]] && k+=","
+            k+="${knobs[$i]}"
+            us="$(OPENMLA_BENCH_KNOBS="$k" OPENMLA_BENCH_SHAPE=$sh timeout 120 "${benches[$i]}" | grep "^| " | tail -n 1 |
               awk -F'|' '{gsub(/ /, "", $6); print $6}')"
             times[$i]="${times[$i]:-} ${us:-nan}"
           done
