@@ -770,81 +770,65 @@ TEST(DenseDecodeGraph, ScheduleAndTwoLayersReplayed) {
 }
 
 // --- what the launcher refuses ------------------------------------------------------------------
+// A valid small decode's device buffers and arguments, for a test to break one argument of.
+struct LauncherCase {
+  HostProblem p;
+  DeviceTensor q, k, table, seqlens, out, lse;
+  DeviceBuffer workspace;
+  DenseDecodeArgs args;
+  LauncherCase(const DecodeCase& c, uint64_t seed, size_t workspace_size) {
+    Rng rng(seed);
+    p = make_problem(c, rng);
+    q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
+    seqlens = to_device(p.seqlens);
+    out = poisoned_like(make_out(c, p.batch)), lse = poisoned_like(make_lse(c, p.batch));
+    workspace = DeviceBuffer(workspace_size);
+    args = args_of(q.view, k.view, table.view, seqlens.view, out.view, lse.view, false);
+    args.workspace = {workspace.data(), workspace.bytes()};
+  }
+};
+
+// The launcher's answer names the argument at fault.
+void expect_refused(const DenseDecodeArgs& a, StatusCode code, const std::string& argument) {
+  const Status st = dense_decode(a);
+  EXPECT_EQ(st.code(), code) << st.message();
+  EXPECT_NE(st.message().find(argument), std::string::npos) << st.message();
+}
+
 TEST(DenseDecodeErrors, KCacheStrideNotMultipleOf16Bytes) {
   const DecodeCase c{.h_q = 16, .seqlens = {10}};
-  Rng rng(160);
-  HostProblem p = make_problem(c, rng);
+  LauncherCase lc(c, 160, workspace_bytes(c, 1));
   // A page stride of d_qk + 4 elements (8 bytes past a 16-byte multiple).
-  HostTensor k(c.dtype, {p.k_cache.size(0), 64, 1, 576}, {64 * 580, 580, 580, 1});
-  DeviceTensor q = to_device(p.q), kd = to_device(k), table = to_device(p.block_table);
-  DeviceTensor seqlens = to_device(p.seqlens);
-  HostTensor out = make_out(c, 1), lse = make_lse(c, 1);
-  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
-  DeviceBuffer workspace(workspace_bytes(c, 1));
-  DenseDecodeArgs a = args_of(q.view, kd.view, table.view, seqlens.view, out_d.view, lse_d.view,
-                              false);
-  a.workspace = {workspace.data(), workspace.bytes()};
-  const Status st = dense_decode(a);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
-  EXPECT_NE(st.message().find("k_cache"), std::string::npos) << st.message();
+  HostTensor k(c.dtype, {lc.p.k_cache.size(0), 64, 1, 576}, {64 * 580, 580, 580, 1});
+  DeviceTensor kd = to_device(k);
+  lc.args.k_cache = kd.view;
+  expect_refused(lc.args, StatusCode::kInvalidArgument, "k_cache");
 }
 
 // One CTA a schedule worker on the grid's z (at most 65535): a longer metadata is refused by
 // name before anything is read.
 TEST(DenseDecodeErrors, ScheduleOfMoreRowsThanTheGrid) {
   const DecodeCase c{.h_q = 16, .seqlens = {100, 3}};
-  Rng rng(163);
-  HostProblem p = make_problem(c, rng);
-  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
-  DeviceTensor seqlens = to_device(p.seqlens);
-  HostTensor out = make_out(c, 2), lse = make_lse(c, 2);
-  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
-  DeviceBuffer workspace(workspace_bytes(c, 2)), splits(sizeof(int32_t) * 3), meta(64);
-  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
-                              false);
-  a.workspace = {workspace.data(), workspace.bytes()};
+  LauncherCase lc(c, 163, workspace_bytes(c, 2));
+  DeviceBuffer splits(sizeof(int32_t) * 3), meta(64);
   // (The view claims more than its buffer holds: the launcher must refuse it unread.)
-  a.schedule.metadata = TensorView::contiguous(meta.data(), DType::kInt32,
-                                               {65536, kScheduleMetadataInts}, Device::cuda(0));
-  a.schedule.num_splits =
+  lc.args.schedule.metadata = TensorView::contiguous(
+      meta.data(), DType::kInt32, {65536, kScheduleMetadataInts}, Device::cuda(0));
+  lc.args.schedule.num_splits =
       TensorView::contiguous(splits.data(), DType::kInt32, {3}, Device::cuda(0));
-  const Status st = dense_decode(a);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
-  EXPECT_NE(st.message().find("schedule.metadata"), std::string::npos) << st.message();
+  expect_refused(lc.args, StatusCode::kInvalidArgument, "schedule.metadata");
 }
 
 TEST(DenseDecodeErrors, UnsupportedPageSizeIsNotImplemented) {
   const DecodeCase c{.h_q = 16, .page_size = 48, .seqlens = {100}};
-  Rng rng(161);
-  HostProblem p = make_problem(c, rng);
-  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
-  DeviceTensor seqlens = to_device(p.seqlens);
-  HostTensor out = make_out(c, 1), lse = make_lse(c, 1);
-  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
-  DeviceBuffer workspace(workspace_bytes(c, 1));
-  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
-                              false);
-  a.workspace = {workspace.data(), workspace.bytes()};
-  const Status st = dense_decode(a);
-  EXPECT_EQ(st.code(), StatusCode::kNotImplemented) << st.message();
-  EXPECT_NE(st.message().find("page_size"), std::string::npos) << st.message();
+  LauncherCase lc(c, 161, workspace_bytes(c, 1));
+  expect_refused(lc.args, StatusCode::kNotImplemented, "page_size");
 }
 
 TEST(DenseDecodeErrors, ShortWorkspace) {
   const DecodeCase c{.h_q = 16, .seqlens = {100, 3}};
-  Rng rng(162);
-  HostProblem p = make_problem(c, rng);
-  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
-  DeviceTensor seqlens = to_device(p.seqlens);
-  HostTensor out = make_out(c, 2), lse = make_lse(c, 2);
-  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
-  DeviceBuffer workspace(64);
-  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
-                              false);
-  a.workspace = {workspace.data(), workspace.bytes()};
-  const Status st = dense_decode(a);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
-  EXPECT_NE(st.message().find("workspace"), std::string::npos) << st.message();
+  LauncherCase lc(c, 162, 64);
+  expect_refused(lc.args, StatusCode::kInvalidArgument, "workspace");
 }
 
 // Sizes no decode accepts get 0 bytes, not a wrapped-around size_t (dense_decode then names the
