@@ -217,6 +217,17 @@ struct TuningScope {
   ~TuningScope() { cuda::sm90::dense_decode_tuning() = saved; }
 };
 
+// One decode on the GPU, then out and lse back to the host (their whole storage, gaps included).
+void decode_to_host(const DenseDecodeArgs& a, const DeviceTensor& out_d, HostTensor* out,
+                    const DeviceTensor& lse_d, HostTensor* lse) {
+  const Status st = dense_decode(a);
+  ASSERT_TRUE(st.ok()) << st.message();
+  check_cuda(cudaGetLastError(), "dense_decode launch");
+  synchronize();
+  copy_to_host(out_d, out);
+  copy_to_host(lse_d, lse);
+}
+
 void run_case(const DecodeCase& c) {
   SCOPED_TRACE(describe(c));
   Rng rng(c.seed);
@@ -241,12 +252,7 @@ void run_case(const DecodeCase& c) {
     schedule = plan_on_gpu(seqlens.view, b, c.num_sm_parts, c, nullptr);
     a.schedule = schedule.view;
   }
-  const Status st = dense_decode(a);
-  ASSERT_TRUE(st.ok()) << st.message();
-  check_cuda(cudaGetLastError(), "dense_decode launch");
-  synchronize();
-  copy_to_host(out_d, &out);
-  copy_to_host(lse_d, &lse);
+  ASSERT_NO_FATAL_FAILURE(decode_to_host(a, out_d, &out, lse_d, &lse));
   expect_close(compare(p, out, lse), describe(c));
 }
 
@@ -330,12 +336,7 @@ TEST(DenseDecodeSmall, CorruptedScheduleStaysInBounds) {
     out_d.buffer.poison();
     lse_d.buffer.poison();
     ws.fill_bytes(0x5A);
-    const Status st = dense_decode(a);
-    ASSERT_TRUE(st.ok()) << st.message();
-    check_cuda(cudaGetLastError(), "dense_decode launch");
-    synchronize();
-    copy_to_host(out_d, &out);
-    copy_to_host(lse_d, &lse);
+    ASSERT_NO_FATAL_FAILURE(decode_to_host(a, out_d, &out, lse_d, &lse));
     EXPECT_EQ(count_written_gaps(out), 0) << "out written outside its view";
     EXPECT_EQ(count_written_gaps(lse), 0) << "lse written outside its view";
     const std::vector<uint8_t> bytes = to_host<uint8_t>(ws, ws.bytes());
