@@ -43,6 +43,16 @@ __device__ __forceinline__ RequestPiece request_piece(const DenseDecodeParams& p
   return piece;
 }
 
+// The origin of a CTA's row boxes in the q / out maps (params.h tma_q): its first row row0 =
+// token s0 x group + head0.
+struct RowsBox {
+  int s0, head0;
+};
+__device__ __forceinline__ RowsBox rows_box(const DenseDecodeParams& p, int row0) {
+  const int s0 = row0 / p.group;
+  return {s0, row0 - s0 * p.group};
+}
+
 // Q of request r for CTA rows [64 m_block, 64 m_block + 64) of kv head `kv_head` by TMA, one box
 // a 64-dim piece (rows past the request's are the map's zero fill), completing q_full (one
 // arrival, by the thread with `arrive`, expecting all of Q's bytes). This thread issues pieces
@@ -54,13 +64,12 @@ __device__ __forceinline__ void issue_q(const DenseDecodeParams& p,
                                         int m_block, int first, int step, bool arrive) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   if (arrive) Barrier::arrive_and_expect_tx(&smem.q_full, Traits::kBlockM * Traits::kHeadDimQK * 2);
-  const int row0 = m_block * Traits::kBlockM;
-  const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
+  const RowsBox box = rows_box(p, m_block * Traits::kBlockM);
 #pragma unroll 1
   for (int c = first; c < Traits::kNumPieces; c += step) {
     cute::SM90_TMA_LOAD_5D::copy(&p.tma_q, &smem.q_full, p.cache_hint,
-                                 smem.q + c * Traits::kQPieceElems, c * Traits::kPieceDims, head0,
-                                 kv_head, s0, r);
+                                 smem.q + c * Traits::kQPieceElems, c * Traits::kPieceDims,
+                                 box.head0, kv_head, box.s0, r);
   }
 }
 
@@ -68,11 +77,11 @@ __device__ __forceinline__ void issue_q(const DenseDecodeParams& p,
 template <class Traits>
 __device__ __forceinline__ void prefetch_q(const DenseDecodeParams& p, int r, int kv_head,
                                            int m_block, int first, int step) {
-  const int row0 = m_block * Traits::kBlockM;
-  const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
+  const RowsBox box = rows_box(p, m_block * Traits::kBlockM);
 #pragma unroll 1
   for (int c = first; c < Traits::kNumPieces; c += step) {
-    cute::SM90_TMA_LOAD_5D::PREFETCH::copy(&p.tma_q, c * Traits::kPieceDims, head0, kv_head, s0, r);
+    cute::SM90_TMA_LOAD_5D::PREFETCH::copy(&p.tma_q, c * Traits::kPieceDims, box.head0, kv_head,
+                                           box.s0, r);
   }
 }
 
@@ -83,12 +92,11 @@ template <class Traits>
 __device__ __forceinline__ void store_out_tma(const DenseDecodeParams& p,
                                               typename Traits::SharedStorage& smem, int r,
                                               int kv_head, int m_block, int wg) {
-  const int row0 = m_block * Traits::kBlockM;
-  const int s0 = row0 / p.group, head0 = row0 - s0 * p.group;
+  const RowsBox box = rows_box(p, m_block * Traits::kBlockM);
 #pragma unroll
   for (int c = 4 * wg; c < 4 * wg + 4; ++c) {
     cute::SM90_TMA_STORE_5D::copy(&p.tma_out, smem.q + c * Traits::kQPieceElems,
-                                  c * Traits::kPieceDims, head0, kv_head, s0, r);
+                                  c * Traits::kPieceDims, box.head0, kv_head, box.s0, r);
   }
   cute::tma_store_arrive();
   cute::tma_store_wait<0>();
