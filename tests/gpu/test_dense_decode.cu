@@ -533,11 +533,51 @@ TEST(DenseDecode, DtypesAndHeadDims) {
 // --- page sizes -----------------------------------------------------------------------------
 TEST(DenseDecode, PageSizes) {
   int seed = 20;
-  for (int page : {16, 32, 64, 128, 256}) {
+  for (int page : {8, 16, 32, 64, 128, 256}) {
     run_case({.h_q = 16, .page_size = page, .seqlens = {1, 255, 256, 257, 900, 0, 63},
               .seed = static_cast<uint64_t>(seed++)});
     run_case({.dtype = DType::kFP16, .s_q = 3, .h_q = 64, .page_size = page,
               .seqlens = {333, 70}, .causal = true, .seed = static_cast<uint64_t>(seed++)});
+  }
+}
+
+// Block ids outside the cache (a corrupted block table): the GPU reads zeros for those pages (the
+// TMA map's bounds) and nothing outside the cache (compute-sanitizer, a Small test). The other
+// requests' results stay right. (The CPU backend refuses such a table while validating; the GPU
+// cannot read it before the launch.)
+TEST(DenseDecodeSmall, BlockIdsOutsideTheCache) {
+  const DecodeCase c{.h_q = 16, .page_size = 16, .seqlens = {100, 70, 40}, .seed = 390};
+  Rng rng(c.seed);
+  HostProblem p = make_problem(c, rng);
+  run_reference(&p, false);
+  // Request 1's pages: past the end, negative, the largest id, and one past the last block.
+  const int32_t num_blocks = static_cast<int32_t>(p.k_cache.size(0));
+  const int32_t ids[] = {num_blocks, -3, std::numeric_limits<int32_t>::max(), num_blocks + 1000};
+  for (int j = 0; j < 4; ++j) p.block_table.set({1, j}, ids[j]);  // (the reference is taken)
+  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
+  DeviceTensor seqlens = to_device(p.seqlens);
+  HostTensor out = make_out(c, p.batch), lse = make_lse(c, p.batch);
+  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
+  DeviceBuffer workspace(workspace_bytes(c, p.batch));
+  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
+                              false);
+  a.workspace = {workspace.data(), workspace.bytes()};
+  ASSERT_NO_FATAL_FAILURE(decode_to_host(a, out_d, &out, lse_d, &lse));
+  EXPECT_EQ(count_written_gaps(out), 0);
+  EXPECT_EQ(count_written_gaps(lse), 0);
+  // Requests 0 and 2 against the reference: [b, s_q, h_q, 512] and [b, h_q, s_q] row-major.
+  const std::vector<double> got = out.values(), ref = p.out_ref.values();
+  const std::vector<double> got_lse = lse.values(), ref_lse = p.lse_ref.values();
+  const size_t per_out = static_cast<size_t>(c.s_q) * c.h_q * kDimV;
+  const size_t per_lse = static_cast<size_t>(c.s_q) * c.h_q;
+  for (size_t r : {size_t{0}, size_t{2}}) {
+    auto slice = [](const std::vector<double>& v, size_t at, size_t n) {
+      return std::vector<double>(v.begin() + at * n, v.begin() + (at + 1) * n);
+    };
+    EXPECT_LT(relative_l2_error(slice(got, r, per_out), slice(ref, r, per_out)), 1e-2)
+        << "request " << r;
+    EXPECT_LT(max_lse_error(slice(got_lse, r, per_lse), slice(ref_lse, r, per_lse)), 1e-3)
+        << "request " << r;
   }
 }
 
