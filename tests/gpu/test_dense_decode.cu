@@ -228,6 +228,25 @@ void decode_to_host(const DenseDecodeArgs& a, const DeviceTensor& out_d, HostTen
   copy_to_host(lse_d, lse);
 }
 
+// A valid small decode's device buffers and arguments, for a test to break one argument of (the
+// launcher's refusals, a corrupted block table).
+struct LauncherCase {
+  HostProblem p;
+  DeviceTensor q, k, table, seqlens, out, lse;
+  DeviceBuffer workspace;
+  DenseDecodeArgs args;
+  LauncherCase(const DecodeCase& c, uint64_t seed, size_t workspace_size) {
+    Rng rng(seed);
+    p = make_problem(c, rng);
+    q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
+    seqlens = to_device(p.seqlens);
+    out = poisoned_like(make_out(c, p.batch)), lse = poisoned_like(make_lse(c, p.batch));
+    workspace = DeviceBuffer(workspace_size);
+    args = args_of(q.view, k.view, table.view, seqlens.view, out.view, lse.view, false);
+    args.workspace = {workspace.data(), workspace.bytes()};
+  }
+};
+
 void run_case(const DecodeCase& c) {
   SCOPED_TRACE(describe(c));
   Rng rng(c.seed);
@@ -546,23 +565,18 @@ TEST(DenseDecode, PageSizes) {
 // requests' results stay right. (The CPU backend refuses such a table while validating; the GPU
 // cannot read it before the launch.)
 TEST(DenseDecodeSmall, BlockIdsOutsideTheCache) {
-  const DecodeCase c{.h_q = 16, .page_size = 16, .seqlens = {100, 70, 40}, .seed = 390};
-  Rng rng(c.seed);
-  HostProblem p = make_problem(c, rng);
+  const DecodeCase c{.h_q = 16, .page_size = 16, .seqlens = {100, 70, 40}};
+  LauncherCase lc(c, 390, workspace_bytes(c, 3));
+  HostProblem& p = lc.p;
   run_reference(&p, false);
   // Request 1's pages: past the end, negative, the largest id, and one past the last block.
   const int32_t num_blocks = static_cast<int32_t>(p.k_cache.size(0));
   const int32_t ids[] = {num_blocks, -3, std::numeric_limits<int32_t>::max(), num_blocks + 1000};
   for (int j = 0; j < 4; ++j) p.block_table.set({1, j}, ids[j]);  // (the reference is taken)
-  DeviceTensor q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
-  DeviceTensor seqlens = to_device(p.seqlens);
+  const DeviceTensor table = to_device(p.block_table);
+  lc.args.block_table = table.view;
   HostTensor out = make_out(c, p.batch), lse = make_lse(c, p.batch);
-  DeviceTensor out_d = poisoned_like(out), lse_d = poisoned_like(lse);
-  DeviceBuffer workspace(workspace_bytes(c, p.batch));
-  DenseDecodeArgs a = args_of(q.view, k.view, table.view, seqlens.view, out_d.view, lse_d.view,
-                              false);
-  a.workspace = {workspace.data(), workspace.bytes()};
-  ASSERT_NO_FATAL_FAILURE(decode_to_host(a, out_d, &out, lse_d, &lse));
+  ASSERT_NO_FATAL_FAILURE(decode_to_host(lc.args, lc.out, &out, lc.lse, &lse));
   EXPECT_EQ(count_written_gaps(out), 0);
   EXPECT_EQ(count_written_gaps(lse), 0);
   // Requests 0 and 2 against the reference: [b, s_q, h_q, 512] and [b, h_q, s_q] row-major.
@@ -811,24 +825,6 @@ TEST(DenseDecodeGraph, ScheduleAndTwoLayersReplayed) {
 }
 
 // --- what the launcher refuses ------------------------------------------------------------------
-// A valid small decode's device buffers and arguments, for a test to break one argument of.
-struct LauncherCase {
-  HostProblem p;
-  DeviceTensor q, k, table, seqlens, out, lse;
-  DeviceBuffer workspace;
-  DenseDecodeArgs args;
-  LauncherCase(const DecodeCase& c, uint64_t seed, size_t workspace_size) {
-    Rng rng(seed);
-    p = make_problem(c, rng);
-    q = to_device(p.q), k = to_device(p.k_cache), table = to_device(p.block_table);
-    seqlens = to_device(p.seqlens);
-    out = poisoned_like(make_out(c, p.batch)), lse = poisoned_like(make_lse(c, p.batch));
-    workspace = DeviceBuffer(workspace_size);
-    args = args_of(q.view, k.view, table.view, seqlens.view, out.view, lse.view, false);
-    args.workspace = {workspace.data(), workspace.bytes()};
-  }
-};
-
 // The launcher's answer names the argument at fault.
 void expect_refused(const DenseDecodeArgs& a, StatusCode code, const std::string& argument) {
   const Status st = dense_decode(a);
