@@ -6,7 +6,9 @@
 // planned once outside the timed region; timed = decode kernel + combine) between CUDA events,
 // L2 flushed by an 8 GiB memset before each of 15 runs (ANCHORS.md's flush; it also lets a
 // power-capped GPU recover between runs, as it did for FlashMLA's figures), median; and the
-// median of 15 back-to-back runs without the flush. OPENMLA_BENCH_FLUSH_MB sets the flush size.
+// median of 15 back-to-back runs without the flush. OPENMLA_BENCH_FLUSH_MB sets the flush size;
+// OPENMLA_BENCH_FLUSH_CLEAN=1 follows the memset by a 512 MB read, so the timed run starts with no
+// dirty lines in the L2 (a diagnostic: what the memset's dirty lines cost; l2_state.cuh).
 // bf16, d_qk 576, d_v 512, page 64 (OPENMLA_BENCH_KNOBS page=N for another), non-causal.
 // TFLOP/s = 2 * s_q * h_q * (keys) * (576 + 512); GB/s = keys * 1152 bytes (KV read once).
 // Last column: the SM clock NVML reports during the flushed runs, and how often the power cap
@@ -28,6 +30,7 @@
 
 #include "cuda/sm90/dense_decode/launch.h"
 #include "gpu_clock_sampler.h"
+#include "l2_state.cuh"
 #include "openmla/ops.h"
 
 namespace {
@@ -96,7 +99,11 @@ struct Timer {
 
 size_t g_flush_bytes = size_t{8} << 30;
 void* g_flush = nullptr;
-void flush_l2() { check(cudaMemsetAsync(g_flush, 0, g_flush_bytes), "flush"); }
+bench::L2Flush g_l2_flush;  // the memset, and with OPENMLA_BENCH_FLUSH_CLEAN a read after it
+void flush_l2() {
+  g_l2_flush.run();
+  check(cudaGetLastError(), "flush");
+}
 // SM clock and power-cap state during each shape's flushed runs (the last column).
 bench::GpuClockSampler g_clock;
 bench::GpuClockSampler::Summary g_last_clock;
@@ -401,8 +408,9 @@ void print_requests(const long long* trace_d, int pairs) {
   if (entry == 0) return;
   std::printf("\nrequests of CTA 0, clocks after its kernel entry (setup done at %lld)\n"
               "WG0/WG1: 4 pairs drained, 5 kBarEpilogue, 6 output stored; producers: 0/1 stage 0 "
-              "request top / first part issued, 2/3 stage 1 (marks before a request's first "
-              "wgmma made ptxas serialize every wgmma: none there)\n", at(2, 0, 7) - entry);
+              "request top / first part issued, 2/3 stage 1, 4/5 stage 0/1's seqlen and first "
+              "block id arrived (marks before a request's first wgmma made ptxas serialize every "
+              "wgmma: none there)\n", at(2, 0, 7) - entry);
   for (int r = 0; r < kTraceRequests; ++r) {
     if (at(0, r, 4) == 0) break;
     std::printf("request %d | WG0", r);
@@ -410,7 +418,7 @@ void print_requests(const long long* trace_d, int pairs) {
     std::printf(" | WG1");
     for (int e = 4; e <= 6; ++e) std::printf(" %7lld", at(1, r, e) ? at(1, r, e) - entry : -1);
     std::printf(" | prod");
-    for (int e = 0; e <= 3; ++e) std::printf(" %7lld", at(2, r, e) ? at(2, r, e) - entry : -1);
+    for (int e = 0; e <= 5; ++e) std::printf(" %7lld", at(2, r, e) ? at(2, r, e) - entry : -1);
     std::printf("\n");
   }
 }
@@ -446,6 +454,15 @@ bool apply_knobs() {
     else if (name == "out_tma") tuning.out_tma = value;
     else if (name == "q_prefetch") tuning.q_prefetch = value;
     else if (name == "page" && value > 0 && (value % 64 == 0 || 64 % value == 0)) g_page = value;
+    else if (name == "kv_policy" && value >= 0 && value < bench::kPolicyCount) {
+      // bench/l2_state.cuh's codes: 0 the kernel's own rule, else that policy on every KV load
+      uint64_t values[bench::kPolicyCount];
+      check(bench::l2_policy_table(values), "kv_policy");
+      tuning.kv_cache_hint = value == 0 ? 0 : values[value];
+      std::printf("kv_policy %d: %s (0x%016llx)\n", value,
+                  value == 0 ? "the kernel's rule" : bench::l2_policy_name(value),
+                  static_cast<unsigned long long>(tuning.kv_cache_hint));
+    }
     else {
       std::fprintf(stderr, "OPENMLA_BENCH_KNOBS: unknown knob '%s'\n", name.c_str());
       return false;
@@ -466,7 +483,16 @@ int main() {
     g_flush_bytes = std::max<size_t>(1, std::strtoull(mb, nullptr, 10)) << 20;
   }
   check(cudaMalloc(&g_flush, g_flush_bytes), "malloc flush");
-  std::printf("L2 flush before each timed run: %zu MiB memset\n\n", g_flush_bytes >> 20);
+  g_l2_flush.memset_buf = g_flush;
+  g_l2_flush.memset_bytes = g_flush_bytes;
+  const char* clean = std::getenv("OPENMLA_BENCH_FLUSH_CLEAN");
+  if (clean != nullptr && std::atoi(clean) != 0) {
+    g_l2_flush.read_buf = g_flush;
+    g_l2_flush.read_bytes = std::min(g_flush_bytes, size_t{512} << 20) & ~size_t{15};
+    check(cudaMalloc(&g_l2_flush.sink, 4), "malloc sink");
+  }
+  std::printf("L2 flush before each timed run: %zu MiB memset%s\n\n", g_flush_bytes >> 20,
+              g_l2_flush.read_buf != nullptr ? ", then a 512 MiB read (no dirty lines left)" : "");
 
   // OPENMLA_BENCH_SHAPE=s_q,h_q,seqlen: that one b = 128 shape only (for a profiler run);
   // b,s_q,h_q,seqlen: that batch size.

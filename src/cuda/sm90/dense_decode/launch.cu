@@ -360,6 +360,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
     params.cache_hint = kEvictFirst;
     params.cache_hint_long = m_blocks == 1 ? kEvictNormal : kEvictFirst;
   }
+  if (tuning.kv_cache_hint != 0) params.cache_hint = params.cache_hint_long = tuning.kv_cache_hint;
   params.long_from = tuning.evict_normal_from;
   params.trace = tuning.trace;
   params.trace_pairs = tuning.trace != nullptr ? tuning.trace_pairs : 0;

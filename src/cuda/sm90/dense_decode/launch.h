@@ -40,6 +40,9 @@ struct DenseDecodeTuning {
   // others (same-run A/B, NOTES.md session 6).
   int evict_first = -1;
   int evict_normal_from = 2048;
+  // Diagnostics: nonzero replaces both KV hints above by this L2 policy (an opaque createpolicy
+  // value; bench/l2_state.cuh makes them, the benchmark's knob kv_policy picks one).
+  unsigned long long kv_cache_hint = 0;
   // The cache map's L2 promotion in bytes: 0 (none), 64, 128, 256; -1: 128 where one m-block
   // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
   // h_q 128), as the sweep measured (NOTES.md v10).

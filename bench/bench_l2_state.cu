@@ -1,0 +1,228 @@
+// What the L2's state before a timed run costs a KV stream, by the loads' L2 policy.
+//
+// The dense decode kernel pays ~18 µs at h_q 16 that do not scale with the KV (b 128: 52 µs at
+// 1024 keys, +33 per 1024 more; dense_decode NOTES.md, session 18). One candidate: ANCHORS.md's
+// flush (an 8 GiB memset) leaves ~50 MB of dirty lines in the L2, and the kernel's loads write
+// them back to DRAM as they evict them. This benchmark streams the kernel's KV tiles alone, as
+// its producers do, after three L2 states, with each L2 policy on the loads:
+//   dirty  the memset (the benchmarks' and FlashMLA's flush);
+//   clean  the memset, then a 512 MB read (l2_state.cuh): no dirty lines left;
+//   warm   nothing between runs (the previous run's lines, clean).
+// One CTA a request (b 128 on 132 SMs, one CTA an SM as the kernel), each streaming its request's
+// pages of 64 keys (d 576 bf16: nine 8 KB boxes of 64 keys x 64 dims a page) into shared memory by
+// TMA from lane 0 of four warps with 16 boxes in flight, in the order of a random block table. The
+// time per run is the events' (as bench_dense_decode.cu), median of 9; "fixed" is the intercept
+// of time against bytes (from 2048 and 8192 keys), "GB/s" the slope.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "l2_state.cuh"
+
+namespace {
+
+using namespace openmla::bench;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+constexpr int kThreads = 128;
+constexpr int kIssuers = 4;  // lane 0 of warps 0-3 (the kernel: two a stage, two stages)
+constexpr int kSlots = 16;   // 8 KB boxes in flight a CTA (the kernel's two tiles: 18)
+constexpr int kPieces = 9;   // 64-dim pieces of a 576-dim key
+constexpr int kBoxBytes = 64 * 128;
+constexpr int kTokenBytes = 576 * 2;
+static_assert(kSlots % kIssuers == 0);
+
+struct Params {
+  const int32_t* table;  // [batch][pages]
+  int pages;             // pages of 64 keys a request
+  int policy;            // L2Policy
+};
+
+__global__ void __launch_bounds__(kThreads, 1)
+    stream_requests(const __grid_constant__ CUtensorMap map, const Params p) {
+  extern __shared__ __align__(1024) char smem[];
+  __shared__ alignas(8) uint64_t full[kSlots];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kSlots; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
+          static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]))));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (lane != 0 || warp >= kIssuers) return;
+  const uint64_t policy = make_l2_policy(p.policy);
+  const int32_t* table = p.table + static_cast<int64_t>(blockIdx.x) * p.pages;
+  const int boxes = p.pages * kPieces;
+  // Slot s holds boxes n = s (mod kSlots), all issued by issuer n mod kIssuers, which waits for
+  // the slot's previous box before reusing it.
+  for (int n = warp; n < boxes; n += kIssuers) {
+    const int s = n % kSlots;
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
+    if (n >= kSlots) {
+      const uint32_t parity = ((n / kSlots) - 1) & 1;
+      asm volatile(
+          "{\n\t.reg .pred done;\n\tWAIT:\n\t"
+          "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+          "@!done bra WAIT;\n\t}" ::"r"(bar), "r"(parity) : "memory");
+    }
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                 "r"(kBoxBytes) : "memory");
+    const int block = table[n / kPieces], c = n % kPieces;
+    const uint32_t dst = smem_base + s * kBoxBytes;
+    if (p.policy == kPolicyNone) {
+      asm volatile(
+          "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+          " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(dst),
+          "l"(&map), "r"(bar), "r"(c * 64), "r"(0), "r"(0), "r"(block) : "memory");
+    } else {
+      asm volatile(
+          "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+          ".L2::cache_hint [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(dst),
+          "l"(&map), "r"(bar), "r"(c * 64), "r"(0), "r"(0), "r"(block), "l"(policy) : "memory");
+    }
+  }
+  // Drain: the last box of every slot this thread filled.
+  for (int s = warp; s < kSlots; s += kIssuers) {
+    if (boxes - 1 - s < 0) continue;  // the slot was never used
+    const int last = ((boxes - 1 - s) / kSlots) * kSlots + s;
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
+    const uint32_t parity = (last / kSlots) & 1;
+    asm volatile(
+        "{\n\t.reg .pred done;\n\tDRAIN:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+        "@!done bra DRAIN;\n\t}" ::"r"(bar), "r"(parity) : "memory");
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  constexpr int kBatch = 128;
+  const int lens[] = {1024, 2048, 4096, 8192};
+  const int max_pages = 8192 / 64;
+  const size_t blocks = static_cast<size_t>(kBatch) * max_pages;  // 1.2 GB of KV
+  char* cache = nullptr;
+  check(cudaMalloc(&cache, blocks * 64 * kTokenBytes), "malloc cache");
+  check(cudaMemset(cache, 0x3c, blocks * 64 * kTokenBytes), "memset cache");
+
+  // One table a length: request r's pages are a random permutation's share of the first
+  // batch x pages blocks (as bench_dense_decode.cu lays out each shape).
+  std::mt19937 rng(5);
+  std::vector<int32_t*> tables;
+  for (int len : lens) {
+    const int pages = len / 64;
+    std::vector<int32_t> perm(static_cast<size_t>(kBatch) * pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    int32_t* d = nullptr;
+    check(cudaMalloc(&d, perm.size() * 4), "malloc table");
+    check(cudaMemcpy(d, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice), "h2d table");
+    tables.push_back(d);
+  }
+
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
+        "entry point");
+  auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  // The kernel's cache map (d 576, page 64, one kv head): 128 B promotion, as where one m-block
+  // reads each tile (launch.cu).
+  CUtensorMap map;
+  cuuint64_t dims[4] = {576, 64, 1, blocks};
+  cuuint64_t strides[3] = {kTokenBytes, 64ull * kTokenBytes, 64ull * kTokenBytes};
+  cuuint32_t box[4] = {64, 64, 1, 1}, estr[4] = {1, 1, 1, 1};
+  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, cache, dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "tensor map\n");
+    return 1;
+  }
+  const int smem_bytes = kSlots * kBoxBytes + 1024;
+  check(cudaFuncSetAttribute(stream_requests, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem_bytes), "attr");
+
+  const size_t flush_bytes = size_t{8} << 30;
+  void* flush_buf = nullptr;
+  unsigned* sink = nullptr;
+  check(cudaMalloc(&flush_buf, flush_bytes), "malloc flush");
+  check(cudaMalloc(&sink, 4), "malloc sink");
+  L2Flush dirty{flush_buf, flush_bytes, nullptr, 0, sink};
+  L2Flush clean{flush_buf, flush_bytes, flush_buf, size_t{512} << 20, sink};
+
+  uint64_t values[kPolicyCount];
+  check(l2_policy_table(values), "policy values");
+  std::printf("## KV stream by L2 state and policy, %s (%d SMs, L2 %d MB)\n\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  std::printf("createpolicy values:");
+  for (int c = 1; c < kPolicyCount; ++c) {
+    std::printf(" %s 0x%016llx;", l2_policy_name(c), static_cast<unsigned long long>(values[c]));
+  }
+  std::printf("\n\nb 128 requests, one CTA each; µs (events, median of 9) at 1024 / 2048 / 4096 / "
+              "8192 keys a request (151 / 302 / 604 / 1208 MB)\n\n");
+  std::printf("| L2 before | policy | 1024 | 2048 | 4096 | 8192 | GB/s (slope) | fixed µs "
+              "(intercept) |\n|---|---|---|---|---|---|---|---|\n");
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "event");
+  check(cudaEventCreate(&b), "event");
+  const char* states[] = {"dirty (memset)", "clean (memset + read)", "warm (no flush)"};
+  const int policies[] = {kPolicyNone, kPolicyNormal, kPolicyFirst, kPolicyHalfFirst,
+                          kPolicyQuarterFirst, kPolicyUnchanged, kPolicyLast};
+  for (int state = 0; state < 3; ++state) {
+    for (int policy : policies) {
+      double us[4];
+      for (int li = 0; li < 4; ++li) {
+        const Params p{tables[li], lens[li] / 64, policy};
+        std::vector<double> ms;
+        for (int it = 0; it < 10; ++it) {
+          if (state == 0) dirty.run();
+          if (state == 1) clean.run();
+          check(cudaEventRecord(a), "record");
+          stream_requests<<<kBatch, kThreads, smem_bytes>>>(map, p);
+          check(cudaEventRecord(b), "record");
+          check(cudaEventSynchronize(b), "run");
+          float t = 0.f;
+          check(cudaEventElapsedTime(&t, a, b), "elapsed");
+          if (it > 0) ms.push_back(t);
+        }
+        check(cudaGetLastError(), "kernel");
+        us[li] = median(ms) * 1e3;
+      }
+      const double mb2048 = kBatch * 2048.0 * kTokenBytes, mb8192 = kBatch * 8192.0 * kTokenBytes;
+      const double slope_us_per_byte = (us[3] - us[1]) / (mb8192 - mb2048);
+      const double fixed = us[1] - slope_us_per_byte * mb2048;
+      std::printf("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f |\n", states[state],
+                  l2_policy_name(policy), us[0], us[1], us[2], us[3],
+                  1.0 / slope_us_per_byte * 1e6 / 1e9, fixed);
+      std::fflush(stdout);
+    }
+  }
+  for (int32_t* t : tables) cudaFree(t);
+  cudaFree(cache);
+  cudaFree(flush_buf);
+  cudaFree(sink);
+  return 0;
+}
