@@ -183,6 +183,8 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
       const int t0 = piece.tile_begin + stage * Traits::kBlockN;
       if (t0 < p.capacity) first_block = table[(t0 / p.page_size) * p.block_table_stride_n];
     }
+    // The request's seqlen and first block id have arrived (what the first issue waits for).
+    trace.mark_request_after(p, 2, r - field(0), 4 + stage, piece.seqlen + first_block);
     const int n_tiles = piece.num_tiles();
     const uint64_t hint = piece.seqlen >= p.long_from ? p.cache_hint_long : p.cache_hint;
     for (int it = stage; it < n_tiles + stage; it += 2, ++pair) {

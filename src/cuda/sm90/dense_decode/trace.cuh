@@ -36,11 +36,20 @@ struct Tracer {
               (role * kTraceRequests + request) * kTraceRequestEvents + event] = clock64();
     }
   }
+  // mark_request once `value` (a load's result) has arrived: the branch on it waits for the
+  // load, and the clock is read after the branch.
+  __device__ __forceinline__ void mark_request_after(const DenseDecodeParams& p, int role,
+                                                     int request, int event, int value) const {
+    if (row != nullptr && value != kNeverValue) mark_request(p, role, request, event);
+  }
+  static constexpr int kNeverValue = -0x7fffffff;
   int trace_pairs_ = 0;
 #else
   __device__ __forceinline__ Tracer(const DenseDecodeParams&, int, bool) {}
   __device__ __forceinline__ void mark(int, int) const {}
   __device__ __forceinline__ void mark_request(const DenseDecodeParams&, int, int, int) const {}
+  __device__ __forceinline__ void mark_request_after(const DenseDecodeParams&, int, int, int,
+                                                     int) const {}
 #endif
 };
 
