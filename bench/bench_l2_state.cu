@@ -15,7 +15,6 @@
 // of time against bytes (from 2048 and 8192 keys), "GB/s" the slope.
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -25,25 +24,16 @@
 #include <random>
 #include <vector>
 
+#include "kv_stream.cuh"
 #include "l2_state.cuh"
 
 namespace {
 
 using namespace openmla::bench;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 constexpr int kThreads = 128;
 constexpr int kIssuers = 4;  // lane 0 of warps 0-3 (the kernel: two a stage, two stages)
 constexpr int kSlots = 16;   // 8 KB boxes in flight a CTA (the kernel's two tiles: 18)
-constexpr int kPieces = 9;   // 64-dim pieces of a 576-dim key
-constexpr int kBoxBytes = 64 * 128;
-constexpr int kTokenBytes = 576 * 2;
 static_assert(kSlots % kIssuers == 0);
 
 struct Params {
@@ -57,57 +47,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) char smem[];
   __shared__ alignas(8) uint64_t full[kSlots];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kSlots; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
-          static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]))));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  const uint32_t smem_base = smem_address(smem);
+  if (threadIdx.x == 0) init_barriers(full, kSlots);
   __syncthreads();
   if (lane != 0 || warp >= kIssuers) return;
   const uint64_t policy = make_l2_policy(p.policy);
   const int32_t* table = p.table + static_cast<int64_t>(blockIdx.x) * p.pages;
-  const int boxes = p.pages * kPieces;
+  const int boxes = p.pages * kKvPieces;
   // Slot s holds boxes n = s (mod kSlots), all issued by issuer n mod kIssuers, which waits for
   // the slot's previous box before reusing it.
   for (int n = warp; n < boxes; n += kIssuers) {
     const int s = n % kSlots;
-    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
-    if (n >= kSlots) {
-      const uint32_t parity = ((n / kSlots) - 1) & 1;
-      asm volatile(
-          "{\n\t.reg .pred done;\n\tWAIT:\n\t"
-          "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-          "@!done bra WAIT;\n\t}" ::"r"(bar), "r"(parity) : "memory");
-    }
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                 "r"(kBoxBytes) : "memory");
-    const int block = table[n / kPieces], c = n % kPieces;
-    const uint32_t dst = smem_base + s * kBoxBytes;
+    const uint32_t bar = smem_address(&full[s]);
+    if (n >= kSlots) wait_parity(bar, ((n / kSlots) - 1) & 1);
+    expect_bytes(bar, kKvBoxBytes);
+    const int block = table[n / kKvPieces], piece = n % kKvPieces;
+    const uint32_t dst = smem_base + s * kKvBoxBytes;
     if (p.policy == kPolicyNone) {
-      asm volatile(
-          "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-          " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(dst),
-          "l"(&map), "r"(bar), "r"(c * 64), "r"(0), "r"(0), "r"(block) : "memory");
+      load_kv_box(&map, dst, bar, piece, block);
     } else {
-      asm volatile(
-          "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-          ".L2::cache_hint [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(dst),
-          "l"(&map), "r"(bar), "r"(c * 64), "r"(0), "r"(0), "r"(block), "l"(policy) : "memory");
+      load_kv_box_hinted(&map, dst, bar, piece, block, policy);
     }
   }
   // Drain: the last box of every slot this thread filled.
   for (int s = warp; s < kSlots; s += kIssuers) {
     if (boxes - 1 - s < 0) continue;  // the slot was never used
     const int last = ((boxes - 1 - s) / kSlots) * kSlots + s;
-    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
-    const uint32_t parity = (last / kSlots) & 1;
-    asm volatile(
-        "{\n\t.reg .pred done;\n\tDRAIN:\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-        "@!done bra DRAIN;\n\t}" ::"r"(bar), "r"(parity) : "memory");
+    wait_parity(smem_address(&full[s]), (last / kSlots) & 1);
   }
 }
 
@@ -126,8 +92,8 @@ int main() {
   const int max_pages = 8192 / 64;
   const size_t blocks = static_cast<size_t>(kBatch) * max_pages;  // 1.2 GB of KV
   char* cache = nullptr;
-  check(cudaMalloc(&cache, blocks * 64 * kTokenBytes), "malloc cache");
-  check(cudaMemset(cache, 0x3c, blocks * 64 * kTokenBytes), "memset cache");
+  check(cudaMalloc(&cache, blocks * 64 * kKvTokenBytes), "malloc cache");
+  check(cudaMemset(cache, 0x3c, blocks * 64 * kKvTokenBytes), "memset cache");
 
   // One table a length: request r's pages are a random permutation's share of the first
   // batch x pages blocks (as bench_dense_decode.cu lays out each shape).
@@ -144,24 +110,12 @@ int main() {
     tables.push_back(d);
   }
 
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
-        "entry point");
-  auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  // The kernel's cache map (d 576, page 64, one kv head): 128 B promotion, as where one m-block
-  // reads each tile (launch.cu).
+  // The kernel's cache map, with 128 B promotion as where one m-block reads each tile (launch.cu).
   CUtensorMap map;
-  cuuint64_t dims[4] = {576, 64, 1, blocks};
-  cuuint64_t strides[3] = {kTokenBytes, 64ull * kTokenBytes, 64ull * kTokenBytes};
-  cuuint32_t box[4] = {64, 64, 1, 1}, estr[4] = {1, 1, 1, 1};
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, cache, dims, strides, box, estr,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-    std::fprintf(stderr, "tensor map\n");
+  if (!encode_kv_map(tensor_map_encoder(), &map, cache, blocks, CU_TENSOR_MAP_L2_PROMOTION_L2_128B)) {
     return 1;
   }
-  const int smem_bytes = kSlots * kBoxBytes + 1024;
+  const int smem_bytes = kSlots * kKvBoxBytes + 1024;
   check(cudaFuncSetAttribute(stream_requests, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              smem_bytes), "attr");
 
@@ -211,7 +165,7 @@ int main() {
         check(cudaGetLastError(), "kernel");
         us[li] = median(ms) * 1e3;
       }
-      const double mb2048 = kBatch * 2048.0 * kTokenBytes, mb8192 = kBatch * 8192.0 * kTokenBytes;
+      const double mb2048 = kBatch * 2048.0 * kKvTokenBytes, mb8192 = kBatch * 8192.0 * kKvTokenBytes;
       const double slope_us_per_byte = (us[3] - us[1]) / (mb8192 - mb2048);
       const double fixed = us[1] - slope_us_per_byte * mb2048;
       std::printf("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f |\n", states[state],

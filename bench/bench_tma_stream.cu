@@ -16,20 +16,17 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kv_stream.cuh"
+
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using namespace openmla::bench;
 
 constexpr int kThreads = 128;
 constexpr int kMaxSlots = 24;      // 192 KB of 8 KB boxes
-constexpr int kPieces = 9;         // 64-dim pieces of a 576-dim token
-constexpr int kBoxBytes = 64 * 128;
-constexpr int kTokenBytes = 576 * 2;
+constexpr int kPieces = kKvPieces;
+constexpr int kBoxBytes = kKvBoxBytes;
+constexpr int kTokenBytes = kKvTokenBytes;
 
 struct Params {
   const char* cache;  // [blocks][64 tokens][576] bf16
@@ -55,15 +52,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) char smem[];
   __shared__ alignas(8) uint64_t full[kMaxSlots];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t smem_base = smem_address(smem);
   if (p.issuers > 0) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < p.slots; ++s) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
-            static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]))));
-      }
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (threadIdx.x == 0) init_barriers(full, p.slots);
     __syncthreads();
     const int warps = p.issuers / p.lanes, lane_step = 32 / p.lanes;
     if (lane % lane_step != 0 || warp >= warps) return;
@@ -73,16 +64,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // multiple of issuers), which waits for the slot's previous box before reusing it.
     for (int n = me; n < p.boxes; n += p.issuers) {
       const int s = n % p.slots;
-      const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
-      if (n >= p.slots) {  // the slot's previous box has landed
-        const uint32_t parity = ((n / p.slots) - 1) & 1;
-        asm volatile(
-            "{\n\t.reg .pred done;\n\tWAIT:\n\t"
-            "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-            "@!done bra WAIT;\n\t}" ::"r"(bar), "r"(parity) : "memory");
-      }
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                   "r"(box_bytes) : "memory");
+      const uint32_t bar = smem_address(&full[s]);
+      if (n >= p.slots) wait_parity(bar, ((n / p.slots) - 1) & 1);  // its previous box landed
+      expect_bytes(bar, box_bytes);
       const int block = block_of(p, n);
       if (p.box_pieces == 4) {
         asm volatile(
@@ -90,23 +74,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(smem_base + s * box_bytes),
             "l"(&map5), "r"(bar), "r"(0), "r"(0), "r"((n % 2) * 4), "r"(0), "r"(block) : "memory");
       } else {
-        const int c = n % kPieces;
-        asm volatile(
-            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-            " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_base + s * kBoxBytes),
-            "l"(&map), "r"(bar), "r"(c * 64), "r"(0), "r"(0), "r"(block) : "memory");
+        load_kv_box(&map, smem_base + s * kBoxBytes, bar, n % kPieces, block);
       }
     }
     // Drain: wait for the last box of every slot this thread filled.
     for (int s = 0; s < p.slots; ++s) {
       const int last = ((p.boxes - 1 - s) / p.slots) * p.slots + s;  // last n with n % slots == s
       if (last < 0 || last % p.issuers != me) continue;
-      const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]));
-      const uint32_t parity = (last / p.slots) & 1;
-      asm volatile(
-          "{\n\t.reg .pred done;\n\tDRAIN:\n\t"
-          "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-          "@!done bra DRAIN;\n\t}" ::"r"(bar), "r"(parity) : "memory");
+      wait_parity(smem_address(&full[s]), (last / p.slots) & 1);
     }
     return;
   }
@@ -147,21 +122,9 @@ int main() {
   check(cudaMalloc(&cache, bytes), "malloc");
   check(cudaMemset(cache, 0x3c, bytes), "memset");
 
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
-        "entry point");
-  auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  const auto encode = tensor_map_encoder();
   CUtensorMap map;
-  cuuint64_t dims[4] = {576, 64, 1, blocks};
-  cuuint64_t strides[3] = {kTokenBytes, 64ull * kTokenBytes, 64ull * kTokenBytes};
-  cuuint32_t box[4] = {64, 64, 1, 1}, estr[4] = {1, 1, 1, 1};
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, cache, dims, strides, box, estr,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-    std::fprintf(stderr, "tensor map\n");
-    return 1;
-  }
+  if (!encode_kv_map(encode, &map, cache, blocks, CU_TENSOR_MAP_L2_PROMOTION_L2_256B)) return 1;
   // The same cache as (dim in piece, token, piece, head, block): a box of 4 pieces lands as the
   // kernel's 4 consecutive 8 KB pieces (piece-major, then token, then 64 dims).
   CUtensorMap map5;
