@@ -8,11 +8,14 @@
 //   dirty  the memset (the benchmarks' and FlashMLA's flush);
 //   clean  the memset, then a 512 MB read (l2_state.cuh): no dirty lines left;
 //   warm   nothing between runs (the previous run's lines, clean).
-// One CTA a request (b 128 on 132 SMs, one CTA an SM as the kernel), each streaming its request's
-// pages of 64 keys (d 576 bf16: nine 8 KB boxes of 64 keys x 64 dims a page) into shared memory by
-// TMA from lane 0 of four warps with 16 boxes in flight, in the order of a random block table. The
-// time per run is the events' (as bench_dense_decode.cu), median of 9; "fixed" is the intercept
-// of time against bytes (from 2048 and 8192 keys), "GB/s" the slope.
+// 128 CTAs (b 128 on 132 SMs, one CTA an SM as the kernel), each streaming its requests' pages of
+// 64 keys (d 576 bf16: nine 8 KB boxes of 64 keys x 64 dims a page) into shared memory by TMA from
+// lane 0 of four warps with 16 boxes in flight, in the order of a random block table. One reader:
+// CTA c streams request c. Two readers (as the two m-blocks of h_q 128 read each tile): CTAs 2k
+// and 2k + 1 both stream requests 2k and 2k + 1, in step, so the second read of a tile can come
+// from the L2 (the same DRAM bytes, twice the L2 reads). The time per run is the events' (as
+// bench_dense_decode.cu), median of 9; "fixed" is the intercept of time against bytes (from 2048
+// and 8192 keys), "GB/s" the slope (the request bytes, each counted once).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -40,6 +43,7 @@ struct Params {
   const int32_t* table;  // [batch][pages]
   int pages;             // pages of 64 keys a request
   int policy;            // L2Policy
+  int readers;           // CTAs reading each request: 1 or 2
 };
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -52,8 +56,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (lane != 0 || warp >= kIssuers) return;
   const uint64_t policy = make_l2_policy(p.policy);
-  const int32_t* table = p.table + static_cast<int64_t>(blockIdx.x) * p.pages;
-  const int boxes = p.pages * kKvPieces;
+  // This CTA's requests: readers of them in a row, from request (c / readers) x readers.
+  const int32_t* table = p.table + static_cast<int64_t>(blockIdx.x / p.readers) * p.readers * p.pages;
+  const int boxes = p.pages * kKvPieces * p.readers;
   // Slot s holds boxes n = s (mod kSlots), all issued by issuer n mod kIssuers, which waits for
   // the slot's previous box before reusing it.
   for (int n = warp; n < boxes; n += kIssuers) {
@@ -115,6 +120,12 @@ int main() {
   if (!encode_kv_map(tensor_map_encoder(), &map, cache, blocks, CU_TENSOR_MAP_L2_PROMOTION_L2_128B)) {
     return 1;
   }
+  // Two readers: 256 B promotion, as where several m-blocks read each tile (launch.cu).
+  CUtensorMap map_shared;
+  if (!encode_kv_map(tensor_map_encoder(), &map_shared, cache, blocks,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B)) {
+    return 1;
+  }
   const int smem_bytes = kSlots * kKvBoxBytes + 1024;
   check(cudaFuncSetAttribute(stream_requests, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              smem_bytes), "attr");
@@ -135,44 +146,47 @@ int main() {
   for (int c = 1; c < kPolicyCount; ++c) {
     std::printf(" %s 0x%016llx;", l2_policy_name(c), static_cast<unsigned long long>(values[c]));
   }
-  std::printf("\n\nb 128 requests, one CTA each; µs (events, median of 9) at 1024 / 2048 / 4096 / "
+  std::printf("\n\nb 128 requests on 128 CTAs; µs (events, median of 9) at 1024 / 2048 / 4096 / "
               "8192 keys a request (151 / 302 / 604 / 1208 MB)\n\n");
-  std::printf("| L2 before | policy | 1024 | 2048 | 4096 | 8192 | GB/s (slope) | fixed µs "
-              "(intercept) |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("| L2 before | readers | policy | 1024 | 2048 | 4096 | 8192 | GB/s (slope) | fixed "
+              "µs (intercept) |\n|---|---|---|---|---|---|---|---|---|\n");
   cudaEvent_t a, b;
   check(cudaEventCreate(&a), "event");
   check(cudaEventCreate(&b), "event");
   const char* states[] = {"dirty (memset)", "clean (memset + read)", "warm (no flush)"};
   const int policies[] = {kPolicyNone, kPolicyNormal, kPolicyFirst, kPolicyHalfFirst,
                           kPolicyQuarterFirst, kPolicyUnchanged, kPolicyLast};
-  for (int state = 0; state < 3; ++state) {
-    for (int policy : policies) {
-      double us[4];
-      for (int li = 0; li < 4; ++li) {
-        const Params p{tables[li], lens[li] / 64, policy};
-        std::vector<double> ms;
-        for (int it = 0; it < 10; ++it) {
-          if (state == 0) dirty.run();
-          if (state == 1) clean.run();
-          check(cudaEventRecord(a), "record");
-          stream_requests<<<kBatch, kThreads, smem_bytes>>>(map, p);
-          check(cudaEventRecord(b), "record");
-          check(cudaEventSynchronize(b), "run");
-          float t = 0.f;
-          check(cudaEventElapsedTime(&t, a, b), "elapsed");
-          if (it > 0) ms.push_back(t);
-        }
-        check(cudaGetLastError(), "kernel");
-        us[li] = median(ms) * 1e3;
+  // One row: a state, a reader count and a policy at every length.
+  auto time_row = [&](int state, int readers, int policy) {
+    double us[4];
+    for (int li = 0; li < 4; ++li) {
+      const Params p{tables[li], lens[li] / 64, policy, readers};
+      std::vector<double> ms;
+      for (int it = 0; it < 10; ++it) {
+        if (state == 0) dirty.run();
+        if (state == 1) clean.run();
+        check(cudaEventRecord(a), "record");
+        stream_requests<<<kBatch, kThreads, smem_bytes>>>(readers == 1 ? map : map_shared, p);
+        check(cudaEventRecord(b), "record");
+        check(cudaEventSynchronize(b), "run");
+        float t = 0.f;
+        check(cudaEventElapsedTime(&t, a, b), "elapsed");
+        if (it > 0) ms.push_back(t);
       }
-      const double mb2048 = kBatch * 2048.0 * kKvTokenBytes, mb8192 = kBatch * 8192.0 * kKvTokenBytes;
-      const double slope_us_per_byte = (us[3] - us[1]) / (mb8192 - mb2048);
-      const double fixed = us[1] - slope_us_per_byte * mb2048;
-      std::printf("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f |\n", states[state],
-                  l2_policy_name(policy), us[0], us[1], us[2], us[3],
-                  1.0 / slope_us_per_byte * 1e6 / 1e9, fixed);
-      std::fflush(stdout);
+      check(cudaGetLastError(), "kernel");
+      us[li] = median(ms) * 1e3;
     }
+    const double b2048 = kBatch * 2048.0 * kKvTokenBytes, b8192 = kBatch * 8192.0 * kKvTokenBytes;
+    const double us_per_byte = (us[3] - us[1]) / (b8192 - b2048);
+    std::printf("| %s | %d | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f |\n", states[state],
+                readers, l2_policy_name(policy), us[0], us[1], us[2], us[3],
+                1e-3 / us_per_byte, us[1] - us_per_byte * b2048);
+    std::fflush(stdout);
+  };
+  for (int state = 0; state < 3; ++state) {
+    for (int policy : policies) time_row(state, 1, policy);
+    // Two readers: the policies that decide whether the second read of a tile hits the L2.
+    for (int policy : {kPolicyNone, kPolicyNormal, kPolicyFirst}) time_row(state, 2, policy);
   }
   for (int32_t* t : tables) cudaFree(t);
   cudaFree(cache);
