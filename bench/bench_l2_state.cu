@@ -1,10 +1,11 @@
-// What the L2's state before a timed run costs a KV stream, by the loads' L2 policy.
+// What the L2's state before a timed run costs a KV stream, by the loads' L2 policy, and what a
+// kernel that does nothing but the loads pays besides its bytes.
 //
-// The dense decode kernel pays ~18 µs at h_q 16 that do not scale with the KV (b 128: 52 µs at
-// 1024 keys, +33 per 1024 more; dense_decode NOTES.md, session 18). One candidate: ANCHORS.md's
-// flush (an 8 GiB memset) leaves ~50 MB of dirty lines in the L2, and the kernel's loads write
-// them back to DRAM as they evict them. This benchmark streams the kernel's KV tiles alone, as
-// its producers do, after three L2 states, with each L2 policy on the loads:
+// The dense decode kernel pays ~19-21 µs at h_q 16 that do not scale with the KV (b 128: 52 µs at
+// 1024 keys, +33 per 1024 more; dense_decode NOTES.md, session 18). Part of it may be the flush:
+// ANCHORS.md's flush (an 8 GiB memset) leaves ~50 MB of dirty lines in the L2, which the timed
+// kernel's loads write back to DRAM as they evict them. This benchmark streams the kernel's KV
+// tiles alone, as its producers do, after three L2 states, with each L2 policy on the loads:
 //   dirty  the memset (the benchmarks' and FlashMLA's flush);
 //   clean  the memset, then a 512 MB read (l2_state.cuh): no dirty lines left;
 //   warm   nothing between runs (the previous run's lines, clean).
@@ -82,6 +83,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// Nothing: the events' floor around a launch of the same grid.
+__global__ void __launch_bounds__(kThreads, 1) empty_kernel() {}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -146,16 +150,27 @@ int main() {
   for (int c = 1; c < kPolicyCount; ++c) {
     std::printf(" %s 0x%016llx;", l2_policy_name(c), static_cast<unsigned long long>(values[c]));
   }
-  std::printf("\n\nb 128 requests on 128 CTAs; µs (events, median of 9) at 1024 / 2048 / 4096 / "
-              "8192 keys a request (151 / 302 / 604 / 1208 MB)\n\n");
-  std::printf("| L2 before | readers | policy | 1024 | 2048 | 4096 | 8192 | GB/s (slope) | fixed "
-              "µs (intercept) |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n\n");
   cudaEvent_t a, b;
   check(cudaEventCreate(&a), "event");
   check(cudaEventCreate(&b), "event");
   const char* states[] = {"dirty (memset)", "clean (memset + read)", "warm (no flush)"};
   const int policies[] = {kPolicyNone, kPolicyNormal, kPolicyFirst, kPolicyHalfFirst,
                           kPolicyQuarterFirst, kPolicyUnchanged, kPolicyLast};
+  {  // the floor every row's time includes
+    std::vector<double> ms;
+    for (int it = 0; it < 21; ++it) {
+      check(cudaEventRecord(a), "record");
+      empty_kernel<<<kBatch, kThreads>>>();
+      check(cudaEventRecord(b), "record");
+      check(cudaEventSynchronize(b), "empty");
+      float t = 0.f;
+      check(cudaEventElapsedTime(&t, a, b), "elapsed");
+      if (it > 0) ms.push_back(t);
+    }
+    std::printf("an empty kernel of the same grid between the same events: %.1f µs (median of 20)\n\n",
+                median(ms) * 1e3);
+  }
   // One row: a state, a reader count and a policy at every length.
   auto time_row = [&](int state, int readers, int policy) {
     double us[4];
@@ -183,6 +198,10 @@ int main() {
                 1e-3 / us_per_byte, us[1] - us_per_byte * b2048);
     std::fflush(stdout);
   };
+  std::printf("b 128 requests on 128 CTAs; µs (events, median of 9) at 1024 / 2048 / 4096 / "
+              "8192 keys a request (151 / 302 / 604 / 1208 MB)\n\n");
+  std::printf("| L2 before | readers | policy | 1024 | 2048 | 4096 | 8192 | GB/s (slope) | fixed "
+              "µs (intercept) |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int state = 0; state < 3; ++state) {
     for (int policy : policies) time_row(state, 1, policy);
     // Two readers: the policies that decide whether the second read of a tile hits the L2.
