@@ -3,9 +3,12 @@
 // bf16 paged cache laid out as the kernel reads it (d 576, page 64), keeping `slots` boxes in
 // flight, issued by TMA from 1, 2 or 4 threads (lane 0 of as many warps), by 2 or 4 lanes of one
 // warp, or as 32 KB boxes of 4 pieces (a 5-D map: dim, token, piece, head, block), or copied by
-// all 128 threads with cp.async (the LSU path). The boxes come from DRAM (every SM its own blocks), half from L2 (SM pairs read the
-// same blocks, as the two m-blocks of h_q 128 do), or all from L2 (256 blocks shared by all).
-// NOTES.md (dense_decode, v9) says what the figures decided.
+// all 128 threads with cp.async (the LSU path). The boxes come from DRAM (every SM its own
+// blocks), half from L2 (SM pairs read the same blocks, as the two m-blocks of h_q 128 do), or all
+// from L2 (256 blocks shared by all). Last, the small-page boxes (64 dims x 16 or 8 keys, 2 or
+// 1 KB, one a (page, piece) as the kernel loads pages under 64 keys) from DRAM, by how many
+// threads issue and how many are in flight: whether a box count or a byte count caps the stream.
+// NOTES.md (dense_decode, v9, session 18) says what the figures decided.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -23,7 +26,7 @@ namespace {
 using namespace openmla::bench;
 
 constexpr int kThreads = 128;
-constexpr int kMaxSlots = 24;      // 192 KB of 8 KB boxes
+constexpr int kMaxSlots = 128;     // boxes in flight: 24 of 8 KB, 96 of 2 KB, 128 of 1 KB
 constexpr int kPieces = kKvPieces;
 constexpr int kBoxBytes = kKvBoxBytes;
 constexpr int kTokenBytes = kKvTokenBytes;
@@ -37,6 +40,7 @@ struct Params {
   int box_pieces;     // 8 KB pieces a box: 1 (the 4-D map) or 4 (the 5-D map, pieces 0-3 / 4-7)
   int mode;           // 0 own blocks (DRAM), 1 SM pairs share blocks, 2 all share 256 blocks
   int blocks_per_cta;
+  int page;           // keys a block (and a box): 64, or 16 / 8 (the map `map_small`)
 };
 
 __device__ __forceinline__ int block_of(const Params& p, int n) {
@@ -48,7 +52,7 @@ __device__ __forceinline__ int block_of(const Params& p, int n) {
 
 __global__ void __launch_bounds__(kThreads, 1)
     stream_kernel(const __grid_constant__ CUtensorMap map, const __grid_constant__ CUtensorMap map5,
-                  const Params p) {
+                  const __grid_constant__ CUtensorMap map_small, const Params p) {
   extern __shared__ __align__(1024) char smem[];
   __shared__ alignas(8) uint64_t full[kMaxSlots];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -59,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warps = p.issuers / p.lanes, lane_step = 32 / p.lanes;
     if (lane % lane_step != 0 || warp >= warps) return;
     const int me = warp + warps * (lane / lane_step);  // issuer index
-    const int box_bytes = kBoxBytes * p.box_pieces;
+    const int box_bytes = kBoxBytes * p.box_pieces * p.page / 64;
     // Slot s always holds boxes n = s (mod slots), issued by issuer n mod issuers (slots is a
     // multiple of issuers), which waits for the slot's previous box before reusing it.
     for (int n = me; n < p.boxes; n += p.issuers) {
@@ -74,7 +78,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(smem_base + s * box_bytes),
             "l"(&map5), "r"(bar), "r"(0), "r"(0), "r"((n % 2) * 4), "r"(0), "r"(block) : "memory");
       } else {
-        load_kv_box(&map, smem_base + s * kBoxBytes, bar, n % kPieces, block);
+        load_kv_box(p.page == 64 ? &map : &map_small, smem_base + s * box_bytes, bar, n % kPieces,
+                    block);
       }
     }
     // Drain: wait for the last box of every slot this thread filled.
@@ -136,7 +141,13 @@ int main() {
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   if (!have_map5) std::printf("5-D map (32 KB boxes) refused by cuTensorMapEncodeTiled\n\n");
-  const int smem_bytes = kMaxSlots * kBoxBytes + 1024;
+  // Pages of 16 and 8 keys: the same bytes as blocks of fewer keys, one box a (page, piece).
+  CUtensorMap map16, map8;
+  if (!encode_kv_map(encode, &map16, cache, blocks * 4, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, 16) ||
+      !encode_kv_map(encode, &map8, cache, blocks * 8, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, 8)) {
+    return 1;
+  }
+  const int smem_bytes = 24 * kBoxBytes + 1024;  // the most any variant keeps in flight: 192 KB
   check(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
         "attr");
   cudaEvent_t a, b;
@@ -145,43 +156,55 @@ int main() {
   const char* modes[] = {"DRAM (own blocks)", "SM pairs share", "L2 (256 blocks)"};
   std::printf("## KV-tile streaming into shared memory, %s (%d SMs), one CTA per SM\n\n", prop.name, sms);
   std::printf("| source | path | boxes in flight (KB) | GB/s | GB/s per SM |\n|---|---|---|---|---|\n");
+  struct V { int issuers, lanes, box_pieces, slots, page = 64; };
+  auto run = [&](int mode, const V& v) {
+    if (v.box_pieces == 4 && !have_map5) return;
+    // The same bytes a CTA every way: 9 pieces a block as 8 KB boxes, 8 as 32 KB ones, and as many
+    // more boxes as a block has pages.
+    const int pages_per_block = 64 / v.page;
+    const int boxes = v.box_pieces == 4 ? blocks_per_cta * 2 : blocks_per_cta * pages_per_block * kPieces;
+    Params p{cache, boxes, v.slots, v.issuers, v.lanes, v.box_pieces, mode,
+             blocks_per_cta * pages_per_block, v.page};
+    std::vector<float> ms;
+    for (int it = 0; it < 6; ++it) {
+      cudaEventRecord(a);
+      stream_kernel<<<sms, kThreads, smem_bytes>>>(map, map5, v.page == 8 ? map8 : map16, p);
+      cudaEventRecord(b);
+      check(cudaEventSynchronize(b), "run");
+      float t = 0.f;
+      cudaEventElapsedTime(&t, a, b);
+      if (it > 0) ms.push_back(t);
+    }
+    check(cudaGetLastError(), "kernel");
+    std::sort(ms.begin(), ms.end());
+    const double box_kb = 8.0 * v.box_pieces / pages_per_block;
+    const double moved = static_cast<double>(sms) * p.boxes * box_kb * 1024;
+    const double gbs = moved / (ms[ms.size() / 2] * 1e-3) / 1e9;
+    char path[112];
+    if (v.issuers == 0) {
+      std::snprintf(path, sizeof(path), "cp.async, 128 threads");
+    } else {
+      std::snprintf(path, sizeof(path), "TMA %g KB boxes%s, %d thread%s (%d warp%s x %d lane%s)",
+                    box_kb, v.page < 64 ? (v.page == 16 ? " (pages of 16)" : " (pages of 8)") : "",
+                    v.issuers, v.issuers > 1 ? "s" : "", v.issuers / v.lanes,
+                    v.issuers / v.lanes > 1 ? "s" : "", v.lanes, v.lanes > 1 ? "s" : "");
+    }
+    std::printf("| %s | %s | %d (%g) | %.0f | %.1f |\n", modes[mode], path, v.slots,
+                v.slots * box_kb, gbs, gbs / sms);
+  };
   for (int mode : {0, 1, 2}) {
-    struct V { int issuers, lanes, box_pieces, slots; };
     const V variants[] = {{1, 1, 1, 8},  {1, 1, 1, 16}, {2, 1, 1, 16}, {4, 1, 1, 16},
                           {2, 2, 1, 16}, {4, 4, 1, 16}, {8, 2, 1, 16}, {8, 2, 1, 24},
                           {1, 1, 4, 2},  {1, 1, 4, 4},  {2, 1, 4, 4},  {4, 1, 4, 4},
                           {0, 1, 1, 8},  {0, 1, 1, 16}};
-    for (const V& v : variants) {
-      if (v.box_pieces == 4 && !have_map5) continue;
-      // The same bytes a CTA either way: 9 pieces a block as 8 KB boxes, 8 as 32 KB ones.
-      const int boxes = v.box_pieces == 4 ? blocks_per_cta * 2 : blocks_per_cta * kPieces;
-      Params p{cache, boxes, v.slots, v.issuers, v.lanes, v.box_pieces, mode, blocks_per_cta};
-      std::vector<float> ms;
-      for (int it = 0; it < 6; ++it) {
-        cudaEventRecord(a);
-        stream_kernel<<<sms, kThreads, smem_bytes>>>(map, map5, p);
-        cudaEventRecord(b);
-        check(cudaEventSynchronize(b), "run");
-        float t = 0.f;
-        cudaEventElapsedTime(&t, a, b);
-        if (it > 0) ms.push_back(t);
-      }
-      check(cudaGetLastError(), "kernel");
-      std::sort(ms.begin(), ms.end());
-      const double moved = static_cast<double>(sms) * p.boxes * kBoxBytes * v.box_pieces;
-      const double gbs = moved / (ms[ms.size() / 2] * 1e-3) / 1e9;
-      char path[96];
-      if (v.issuers == 0) {
-        std::snprintf(path, sizeof(path), "cp.async, 128 threads");
-      } else {
-        std::snprintf(path, sizeof(path), "TMA %d KB boxes, %d thread%s (%d warp%s x %d lane%s)",
-                      8 * v.box_pieces, v.issuers, v.issuers > 1 ? "s" : "", v.issuers / v.lanes,
-                      v.issuers / v.lanes > 1 ? "s" : "", v.lanes, v.lanes > 1 ? "s" : "");
-      }
-      std::printf("| %s | %s | %d (%d) | %.0f | %.1f |\n", modes[mode], path, v.slots,
-                  v.slots * 8 * v.box_pieces, gbs, gbs / sms);
-    }
+    for (const V& v : variants) run(mode, v);
   }
+  // Small pages from DRAM: the kernel's walk issues from 4 threads (2 warps a stage), a part of 4
+  // pieces x 4 pages at p16 (16 boxes of 2 KB) a thread pair.
+  const V small[] = {{4, 1, 1, 16, 16}, {4, 1, 1, 32, 16}, {4, 1, 1, 64, 16}, {8, 2, 1, 64, 16},
+                     {16, 4, 1, 64, 16}, {4, 1, 1, 96, 16}, {4, 1, 1, 64, 8}, {8, 2, 1, 128, 8},
+                     {16, 4, 1, 128, 8}};
+  for (const V& v : small) run(0, v);
   cudaFree(cache);
   return 0;
 }

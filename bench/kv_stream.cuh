@@ -36,13 +36,15 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
 }
 
-// The cache [blocks][64 keys][576] as (dim, key, head, block) with one box a piece. False (and a
-// message) when the driver refuses it.
+// The cache [blocks][page keys][576] as (dim, key, head, block) with one box a (page, piece): 64
+// dims x `page` keys (pages of 64: the kernel's 8 KB piece; 8-32: its small-page boxes). False
+// (and a message) when the driver refuses it.
 inline bool encode_kv_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap* map, void* cache,
-                          size_t blocks, CUtensorMapL2promotion promotion) {
-  cuuint64_t dims[4] = {576, 64, 1, blocks};
-  cuuint64_t strides[3] = {kKvTokenBytes, 64ull * kKvTokenBytes, 64ull * kKvTokenBytes};
-  cuuint32_t box[4] = {64, 64, 1, 1}, estr[4] = {1, 1, 1, 1};
+                          size_t blocks, CUtensorMapL2promotion promotion, int page = 64) {
+  const cuuint64_t keys = static_cast<cuuint64_t>(page);
+  cuuint64_t dims[4] = {576, keys, 1, blocks};
+  cuuint64_t strides[3] = {kKvTokenBytes, keys * kKvTokenBytes, keys * kKvTokenBytes};
+  cuuint32_t box[4] = {64, static_cast<cuuint32_t>(page), 1, 1}, estr[4] = {1, 1, 1, 1};
   if (encode == nullptr ||
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, cache, dims, strides, box, estr,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
