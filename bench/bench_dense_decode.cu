@@ -97,9 +97,8 @@ struct Timer {
   }
 };
 
-size_t g_flush_bytes = size_t{8} << 30;
-void* g_flush = nullptr;
-bench::L2Flush g_l2_flush;  // the memset, and with OPENMLA_BENCH_FLUSH_CLEAN a read after it
+// An 8 GiB memset (OPENMLA_BENCH_FLUSH_MB), and with OPENMLA_BENCH_FLUSH_CLEAN a read after it.
+bench::L2Flush g_l2_flush{nullptr, size_t{8} << 30};
 void flush_l2() {
   g_l2_flush.run();
   check(cudaGetLastError(), "flush");
@@ -480,19 +479,20 @@ int main() {
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   std::printf("## dense decode, %s, %s (%d SMs)\n\n", date, prop.name, prop.multiProcessorCount);
   if (const char* mb = std::getenv("OPENMLA_BENCH_FLUSH_MB")) {
-    g_flush_bytes = std::max<size_t>(1, std::strtoull(mb, nullptr, 10)) << 20;
+    g_l2_flush.memset_bytes = std::max<size_t>(1, std::strtoull(mb, nullptr, 10)) << 20;
   }
-  check(cudaMalloc(&g_flush, g_flush_bytes), "malloc flush");
-  g_l2_flush.memset_buf = g_flush;
-  g_l2_flush.memset_bytes = g_flush_bytes;
+  check(cudaMalloc(&g_l2_flush.memset_buf, g_l2_flush.memset_bytes), "malloc flush");
   const char* clean = std::getenv("OPENMLA_BENCH_FLUSH_CLEAN");
   if (clean != nullptr && std::atoi(clean) != 0) {
-    g_l2_flush.read_buf = g_flush;
-    g_l2_flush.read_bytes = std::min(g_flush_bytes, size_t{512} << 20) & ~size_t{15};
+    g_l2_flush.read_buf = g_l2_flush.memset_buf;
+    g_l2_flush.read_bytes = std::min(g_l2_flush.memset_bytes, size_t{512} << 20) & ~size_t{15};
     check(cudaMalloc(&g_l2_flush.sink, 4), "malloc sink");
   }
-  std::printf("L2 flush before each timed run: %zu MiB memset%s\n\n", g_flush_bytes >> 20,
-              g_l2_flush.read_buf != nullptr ? ", then a 512 MiB read (no dirty lines left)" : "");
+  std::printf("L2 flush before each timed run: %zu MiB memset", g_l2_flush.memset_bytes >> 20);
+  if (g_l2_flush.read_buf != nullptr) {
+    std::printf(", then a %zu MiB read (no dirty lines left)", g_l2_flush.read_bytes >> 20);
+  }
+  std::printf("\n\n");
 
   // OPENMLA_BENCH_SHAPE=s_q,h_q,seqlen: that one b = 128 shape only (for a profiler run);
   // b,s_q,h_q,seqlen: that batch size.
@@ -611,6 +611,7 @@ int main() {
     run_shape({1, 1, h_q, {131072}, "131072", h_q == 16 ? 76.8 : 82.1}, buf, copy_gbs, gemm, rng);
   }
   cudaFree(buf.kv);
-  cudaFree(g_flush);
+  cudaFree(g_l2_flush.memset_buf);
+  cudaFree(g_l2_flush.sink);
   return 0;
 }
