@@ -11,15 +11,19 @@ compared with a single-GPU decode over the whole cache.
   python examples/context_parallel_decode.py --simulate 4                  # 1 GPU, shards in turn
   python examples/context_parallel_decode.py --simulate 4 --device cpu     # CPU backend
 
-NVLink multicast stays off (NCCL_NVLS_ENABLE=0) as the machines it runs on require.
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its torch/NVSHMEM twins) as the machines it
+runs on require.
 """
 import argparse
 import os
 import statistics
 import sys
 
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+# Forced, not defaulted: on the shared machines a multicast user can take the host's GPUs out of
+# service, so an inherited setting must not turn it back on (the all-gather is small anyway).
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import torch  # noqa: E402
 

@@ -258,7 +258,7 @@ else
     # multicast off, as the device notes require).
     gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
     if [[ "${gpus:-0}" -ge 2 ]]; then
-      run_step "$LOG" 300 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+      run_step "$LOG" 300 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
         "$ROOT/examples/context_parallel_decode.py"
       if [[ $STEP_RC -eq 0 ]]; then record context_nccl PASS "$STEP_SECONDS" "$(grep -m1 'ranks (NCCL)' "$LOG" | cut -c1-150); $(grep '^CUDA graph' "$LOG" | tail -n 1 | cut -c1-150)"; else
