@@ -88,7 +88,12 @@ Status dense_decode(const DenseDecodeArgs& args, [[maybe_unused]] Stream stream)
 
 size_t sparse_decode_workspace_size(Device device, int batch, int s_q, int h_q, int d_v) {
   (void)device, (void)batch, (void)s_q, (void)h_q, (void)d_v;
-  return 0;  // no backend needs workspace for sparse decode yet
+#if defined(OPENMLA_WITH_CUDA)
+  if (device.type == DeviceType::kCUDA) {
+    return cuda::sparse_decode_workspace_size(device.index, batch, s_q, h_q, d_v);
+  }
+#endif
+  return 0;  // the CPU backend needs none
 }
 
 Status sparse_decode(const SparseDecodeArgs& args, [[maybe_unused]] Stream stream) {

@@ -14,6 +14,7 @@
 #include "cuda/common/sm_parts.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/sm90/dense_decode/launch.h"
+#include "cuda/sm90/sparse_decode/launch.h"
 
 namespace openmla::cuda {
 namespace {
@@ -24,7 +25,8 @@ constexpr int kSupportedArch = 90;
 // The operations the CUDA backend runs today; every NotImplemented message quotes this, so a
 // kernel family adds its operation here when it wires its launcher below.
 constexpr const char* kOpsWithKernels =
-    "dense_decode (bf16/fp16, d_qk 576/512), merge_attention_states, kv_cache_write, "
+    "dense_decode (bf16/fp16, d_qk 576/512), sparse_decode (bf16, fp8_v32, fp8_model1, fp8_mx, "
+    "fp4 caches, d_v 512), merge_attention_states, kv_cache_write, "
     "kv_cache_gather, kv_cache_convert, plan_decode_schedule";
 
 Status cuda_error(const char* op, const char* call, cudaError_t err) {
@@ -175,20 +177,15 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
                  [&] { return sm90::dense_decode(args, shape, static_cast<cudaStream_t>(stream)); });
 }
 
+size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v) {
+  return sm90::sparse_decode_workspace_size(device_index, batch, s_q, h_q, d_v);
+}
+
 Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
-                     Stream /*stream*/) {
-  constexpr const char* kOp = "sparse_decode";
-  int arch = 0;
-  OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-  std::string asked = core::str_cat("q ", dtype_name(args.q.dtype), " ", args.q.shape_string(),
-                                    ", ", cache_string(args.k_cache), ", topk ", shape.topk);
-  if (args.extra_k_cache.defined()) {
-    asked += core::str_cat(", extra ", cache_string(args.extra_k_cache), " topk ", shape.extra_topk);
-  }
-  if (args.attn_sink.defined()) asked += ", attn_sink";
-  if (args.topk_length.defined()) asked += ", topk_length";
-  asked += core::str_cat(", d_v ", shape.d_v);
-  return not_implemented(kOp, asked, arch);
+                     Stream stream) {
+  return on_sm90("sparse_decode", shape.device, [&] {
+    return sm90::sparse_decode(args, shape, static_cast<cudaStream_t>(stream));
+  });
 }
 
 Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,

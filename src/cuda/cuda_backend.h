@@ -10,6 +10,7 @@ namespace openmla::cuda {
 
 Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape, Stream stream);
 size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int h_kv, int d_v);
+size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v);
 Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
                      Stream stream);
 Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,

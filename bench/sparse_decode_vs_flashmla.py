@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Sparse decode, OpenMLA side by side with FlashMLA in one run (kernel-only time).
+
+Method (the one bench/RESULTS.md and docs/benchmarking.md describe): the same tensors for both
+libraries; each library's schedule made once before the timed calls; an 8 GiB memset flushes the
+L2 before every call; the calls are recorded with torch.profiler and a call's time is the span
+from the start of its first kernel to the end of its last (the flush excluded); the median of
+`--rounds` calls, the two libraries interleaved in rounds. Ceilings of the same run: device-to-
+device copy bandwidth (bytes read + written) and the bf16 GEMM rate (8192^3 torch.matmul).
+
+  PYTHONPATH=<openmla package>:<FlashMLA package> python3 bench/sparse_decode_vs_flashmla.py
+
+FlashMLA runs only where it can (fp8_v32 and fp8_model1 caches, h_q 64 or 128); for h_q 8-32 its
+column is the same tokens with q padded to 64 heads (what an engine does with it today).
+TFLOP/s = 2 * b * s_q * h_q * (topk + extra_topk) * (d_qk + 512) / time; bytes = the KV
+records attended (their format's bytes per token) + q + indices + out, read or written once.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import openmla
+import openmla.flash_mla as omla
+
+try:
+    import flash_mla as peer  # FlashMLA, the benchmark peer
+except ImportError:  # pragma: no cover - the peer is only on the benchmark machine
+    peer = None
+
+DEV = torch.device("cuda")
+BPT = {"fp8_v32": 656, "fp8_model1": 584, "fp8_mx": 528, "fp4": 288, "bf16": 1152}
+D_QK = {"fp8_v32": 576, "fp8_model1": 512, "fp8_mx": 512, "fp4": 512, "bf16": 576}
+
+
+def ceilings():
+    src = torch.empty(4 << 30, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(6):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    copy_gbs = 2 * src.numel() / statistics.median(times[1:]) / 1e9
+    del src, dst
+    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEV)
+    y = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEV)
+    times = []
+    for _ in range(6):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.matmul(x, y)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    gemm = 2 * 8192 ** 3 / statistics.median(times[1:]) / 1e12
+    return copy_gbs, gemm
+
+
+def make_cache(fmt: str, tokens: int, page: int, gen):
+    """A paged cache of `tokens` slots in `fmt`, every slot written by kv_cache_write from random
+    latents (in chunks), as FlashMLA's [num_blocks, page, 1, bytes] view."""
+    d = D_QK[fmt]
+    blocks = (tokens + page - 1) // page
+    cache = openmla.new_kv_cache(blocks, page, fmt, d_qk=d, like=torch.empty(1, device=DEV))
+    chunk = 1 << 19
+    for s0 in range(0, blocks * page, chunk):
+        n = min(chunk, blocks * page - s0)
+        kv = torch.randn(n, d, dtype=torch.bfloat16, device=DEV, generator=gen)
+        openmla.kv_cache_write(kv, torch.arange(s0, s0 + n, dtype=torch.int32, device=DEV), cache,
+                               kv_format=fmt)
+    return cache
+
+
+def make_indices(b: int, s_q: int, topk: int, region: int, page_slots: int, gen):
+    """[b, s_q, topk] unique random slots of request i's own region of `region` slots."""
+    rows = []
+    for i in range(b):
+        r = torch.rand(s_q, region, device=DEV, generator=gen).argsort(dim=-1)[:, :topk]
+        rows.append(r + i * region)
+    idx = torch.stack(rows).to(torch.int32)
+    assert int(idx.max()) < page_slots
+    return idx
+
+
+def kernel_groups(prof, expected: int):
+    """Kernel spans between the flushes (memsets): one group per library call, in call order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("cat"))
+                   for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset"))
+    groups, current = [], []
+    for start, end, cat in spans:
+        if cat == "gpu_memset":
+            if current:
+                groups.append(current)
+                current = []
+        else:
+            current.append((start, end))
+    if current:
+        groups.append(current)
+    if len(groups) != expected:
+        raise RuntimeError(f"expected {expected} kernel groups, found {len(groups)}")
+    return [max(e for _, e in g) - min(s for s, _ in g) for g in groups]
+
+
+def time_calls(calls, rounds: int):
+    """Median kernel-only µs of each callable, interleaved in rounds, L2 flushed before each."""
+    flush = torch.empty(8 << 30, dtype=torch.uint8, device=DEV)
+    for c in calls:
+        for _ in range(3):
+            c()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for r in range(rounds):
+            for c in calls:
+                flush.zero_()
+                c()
+        torch.cuda.synchronize()
+    spans = kernel_groups(prof, rounds * len(calls))
+    del flush
+    return [statistics.median(spans[k::len(calls)]) for k in range(len(calls))]
+
+
+def run_case(fmt, b, s_q, h_q, topk, *, region=32768, page=64, extra=None, rounds=20, seed=0,
+             peer_ok=True, copy_gbs=None):
+    """extra: (fmt, topk, page, region) of a second cache. Returns a dict of results."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    d = D_QK[fmt]
+    cache = make_cache(fmt, b * region, page, gen)
+    idx = make_indices(b, s_q, topk, region, cache.shape[0] * page, gen)
+    q = torch.randn(b, s_q, h_q, d, dtype=torch.bfloat16, device=DEV, generator=gen) / 4
+    kw = {}
+    extra_topk = 0
+    if extra is not None:
+        efmt, extra_topk, epage, eregion = extra
+        ecache = make_cache(efmt, b * eregion, epage, gen)
+        eidx = make_indices(b, s_q, extra_topk, eregion, ecache.shape[0] * epage, gen)
+        kw = dict(extra_k_cache=ecache, extra_indices_in_kvcache=eidx)
+    meta_o, _ = omla.get_mla_metadata()
+
+    def ours():
+        return omla.flash_mla_with_kvcache(q, cache, None, None, 512, meta_o, None,
+                                           is_fp8_kvcache=fmt != "bf16", indices=idx, **kw)
+
+    calls = [ours]
+    peer_q = None
+    if peer is not None and peer_ok and fmt in ("fp8_v32", "fp8_model1") and (
+            extra is None or extra[0] in ("fp8_v32", "fp8_model1")):
+        peer_h = h_q if h_q in (64, 128) else 64
+        peer_q = q if peer_h == h_q else torch.nn.functional.pad(q, (0, 0, 0, peer_h - h_q))
+        meta_p, _ = peer.get_mla_metadata()
+
+        def theirs():
+            return peer.flash_mla_with_kvcache(peer_q, cache, None, None, 512, meta_p, None,
+                                               is_fp8_kvcache=True, indices=idx, **kw)
+
+        calls.append(theirs)
+        # Same answer on the heads both compute (a wrong kernel is not timed).
+        o1, _ = ours()
+        o2, _ = theirs()
+        err = ((o1.float() - o2[:, :, :h_q].float()).norm() / o2[:, :, :h_q].float().norm()).item()
+        if not err < 2e-2:
+            raise RuntimeError(f"OpenMLA and FlashMLA disagree: relative error {err:.3e}")
+    times = time_calls(calls, rounds)
+    keys = topk + extra_topk
+    flops = 2 * b * s_q * h_q * keys * (d + 512)
+    kv_bytes = b * s_q * (topk * BPT[fmt] + (extra_topk * BPT[extra[0]] if extra else 0))
+    io_bytes = kv_bytes + b * s_q * h_q * (d + 512) * 2 + b * s_q * keys * 4
+    res = {"us": times[0], "tflops": flops / times[0] / 1e6, "gbs": io_bytes / times[0] / 1e3,
+           "peer_us": times[1] if len(times) > 1 else None,
+           "floor_us": io_bytes / (copy_gbs * 1e3) if copy_gbs else None}
+    del cache
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="a few rows only")
+    args = ap.parse_args(argv)
+    name = torch.cuda.get_device_name()
+    copy_gbs, gemm = ceilings()
+    print(f"sparse decode side by side, {name}; same-run ceilings: copy {copy_gbs:.0f} GB/s, "
+          f"bf16 GEMM {gemm:.0f} TFLOP/s; kernel-only µs, L2 flushed, median of {args.rounds}; "
+          f"FlashMLA {'present' if peer is not None else 'absent'}")
+    print("| cache | b | s_q | h_q | topk | OpenMLA µs | TFLOP/s | GB/s | FlashMLA µs | speedup "
+          "| note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def row(fmt, b, s_q, h_q, topk, note="", **kw):
+        r = run_case(fmt, b, s_q, h_q, topk, rounds=args.rounds, copy_gbs=copy_gbs, **kw)
+        peer_s = f"{r['peer_us']:.1f}" if r["peer_us"] else ""
+        speed = f"{r['peer_us'] / r['us']:.2f}x" if r["peer_us"] else ""
+        if h_q < 64 and r["peer_us"]:
+            note = (note + " FlashMLA padded to 64 heads").strip()
+        if r["floor_us"] and b <= 8:
+            note = (note + f" DRAM floor {r['floor_us']:.1f} µs ({r['us'] / r['floor_us']:.1f}x)").strip()
+        print(f"| {fmt} | {b} | {s_q} | {h_q} | {topk} | {r['us']:.1f} | {r['tflops']:.0f} | "
+              f"{r['gbs']:.0f} | {peer_s} | {speed} | {note} |", flush=True)
+        return r
+
+    ratios = []
+    grid = [(f, b, h, s) for f in ("fp8_v32", "fp8_model1") for b in (64, 128) for h in (64, 128)
+            for s in (1, 2)]
+    if args.quick:
+        grid = [("fp8_v32", 128, 128, 1), ("fp8_model1", 64, 64, 2)]
+    for f, b, h, s in grid:
+        r = row(f, b, s, h, 2048)
+        if r["peer_us"]:
+            ratios.append(r["peer_us"] / r["us"])
+    for h in (64, 128):  # FlashMLA's V4 case: topk 128 on page 256 + extra topk 1024 on page 64
+        r = row("fp8_model1", 128, 2, h, 128, "V4: + extra fp8_model1 topk 1024 page 64",
+                page=256, region=16384, extra=("fp8_model1", 1024, 64, 16384))
+        if r["peer_us"]:
+            ratios.append(r["peer_us"] / r["us"])
+    if ratios:
+        gm = statistics.geometric_mean(ratios)
+        print(f"\ngeometric mean speedup over FlashMLA on the {len(ratios)} compared rows: "
+              f"{gm:.3f}x (min {min(ratios):.2f}, max {max(ratios):.2f})")
+    print()
+    for fmt in ("fp8_v32", "fp8_model1", "fp8_mx", "fp4", "bf16"):
+        for h in (8, 16, 32, 64, 128):
+            if args.quick and h not in (16, 128):
+                continue
+            row(fmt, 64, 1, h, 2048, peer_ok=fmt in ("fp8_v32", "fp8_model1") and h < 64)
+    print()
+    for b in (1, 4, 8):  # the small-batch serving rows (tensor parallelism: 16 heads)
+        row("fp8_v32", b, 1, 16, 2048)
+        row("fp8_model1", b, 1, 16, 2048)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,336 @@
+// SM90 sparse MLA decode: a gathering, dequantising producer warpgroup and two wgmma warpgroups.
+// Design and numbers: NOTES.md; compile-time choices: traits.h; the producer: producer.cuh.
+//
+// Grid (m_blocks, num_splits, tokens), 384 threads, one CTA per SM. CTA (m, s, t) serves heads
+// [64 m, 64 m + 64) of query token t over tiles [s tps, s tps + tps) of its key list. Per tile k
+// (stage k % 2):
+//   WG2: gathers and dequantises the tile's 64 keys into the stage (producer.cuh)
+//   WG0: S = Q K^T (the PV of tile k-1 completes under it), keys the mask drops -> -inf, the
+//        running max, P = exp(S - m) to registers and to shared memory with O's row factors;
+//        O_L *= factor; O_L += P V_L (issued, completed under the next QK^T)
+//   WG1: P and the factors from shared memory; O_R *= factor; O_R += P V_R
+// A stage goes back to the producer once both warpgroups' wgmmas on it are done. A split that is
+// the token's only one writes out (bf16, attention sink applied) and lse; otherwise its
+// normalised fp32 partial and lse go to the workspace for the combine kernel (launch.cu).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "cuda/common/smem_opt_in.h"
+#include "cuda/sm90/dense_decode/fragments.cuh"
+#include "cuda/sm90/dense_decode/mma.cuh"
+#include "cuda/sm90/dense_decode/primitives.cuh"
+#include "cuda/sm90/dense_decode/softmax.cuh"
+#include "cuda/sm90/sparse_decode/params.h"
+#include "cuda/sm90/sparse_decode/producer.cuh"
+#include "cuda/sm90/sparse_decode/traits.h"
+
+namespace openmla::cuda::sm90 {
+namespace sparse_decode_detail {
+
+using namespace dense_decode_detail;  // the shared softmax, MMA and barrier helpers
+
+enum : uint32_t {
+  kBarP0 = 1,       // WG0 -> WG1: P and the factors of a stage-0 tile (256)
+  kBarP1 = 2,       // the same for stage 1 (256)
+  kBarQ = 3,        // inside WG0: Q in shared memory (128)
+  kBarEpi = 4,      // row sums published (256)
+};
+
+// The token's Q rows [64 m, 64 m + 64) into shared memory (heads past h_q are zeros), by WG0.
+template <class Traits>
+__device__ __forceinline__ void load_q(const SparseDecodeParams& p,
+                                       typename Traits::SharedStorage& smem, int i, int j,
+                                       int m_block, int t) {
+  constexpr int kChunksPerRow = Traits::kHeadDimQK / 8;
+  constexpr int kChunks = Traits::kBlockM * kChunksPerRow;
+  constexpr int kPerThread = kChunks / 128;
+  constexpr int kBatch = kPerThread % 12 == 0 ? 12 : 8;
+  static_assert(kChunks % 128 == 0 && kPerThread % kBatch == 0);
+  const char* q = static_cast<const char*>(p.q);
+  char* base = reinterpret_cast<char*>(smem.q);
+#pragma unroll 1
+  for (int b = 0; b < kPerThread; b += kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int e = 0; e < kBatch; ++e) {
+      const int idx = (b + e) * 128 + t;
+      const int row = idx / kChunksPerRow, ch = idx % kChunksPerRow;
+      const int h = m_block * Traits::kBlockM + row;
+      v[e] = make_uint4(0u, 0u, 0u, 0u);
+      if (h < p.h_q) {
+        const int64_t off = i * p.q_stride_b + j * p.q_stride_s + h * p.q_stride_h + ch * 8;
+        v[e] = __ldg(reinterpret_cast<const uint4*>(q + off * 2));
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kBatch; ++e) {
+      const int idx = (b + e) * 128 + t;
+      const int row = idx / kChunksPerRow, ch = idx % kChunksPerRow;
+      *reinterpret_cast<uint4*>(base + (ch / 8) * Traits::kPieceBytes +
+                                swizzled_offset(row, ch % 8)) = v[e];
+    }
+  }
+}
+
+template <class Traits>
+__device__ __forceinline__ void* p_buffer(typename Traits::SharedStorage& smem, int stage) {
+  if constexpr (Traits::kPInKTile) {
+    return smem.k[stage] + 8 * Traits::kPieceElems;  // the tile's RoPE piece
+  } else {
+    return smem.p[stage];
+  }
+}
+
+// The compute warpgroups (wg 0 or 1).
+template <class Traits>
+__device__ __forceinline__ void consume(const SparseDecodeParams& p,
+                                        typename Traits::SharedStorage& smem, int wg, int m_block,
+                                        int split, int token) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  const int t = threadIdx.x - wg * 128;
+  const int lane = t % 32;
+  const int i = token / p.s_q, j = token - i * p.s_q;
+  const TokenKeys keys = token_keys(p, i);
+  const int2 range = split_tiles(p, keys, split);
+  const int n_tiles = range.y - range.x;
+
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(t);
+  auto thr_pv = mma_pv.get_thread_slice(t);
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA,1,D/16)
+  Tensor tSrK = thr_qk.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutK{}));  // (MMA,1,D/16)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<64>, Int<64>>{});
+  Tensor S = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (2,16)
+  Tensor cS = make_identity_tensor(Shape<Int<64>, Int<64>>{});
+  Tensor tScS = thr_qk.partition_C(cS);
+  Tensor cS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (2,16) -> (row,key)
+
+  Tensor sP_shape = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutP{});
+  Tensor tOrP = thr_pv.partition_fragment_A(sP_shape);  // (MMA,1,4)
+  Tensor tOrV = thr_pv.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
+                  typename Traits::SmemLayoutV{}));  // (MMA,1,4)
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<64>, Int<Traits::kVHalfDims>>{});
+  Tensor O = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (2,128)
+  Tensor cO = make_identity_tensor(Shape<Int<64>, Int<Traits::kVHalfDims>>{});
+  Tensor tOcO = thr_pv.partition_C(cO);
+  Tensor cO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
+
+  int row_of[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_of[r] = get<0>(cS_rc(r, 0));
+  const float sl2 = p.scale_log2;
+  clear(tOrO);
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+
+  if (wg == 0) {
+    load_q<Traits>(p, smem, i, j, m_block, t);
+    fence_async_smem();
+    bar_sync(kBarQ, 128);
+    const float max_thr = 8.f / sl2;
+    for (int kk = 0; kk < n_tiles; ++kk) {
+      const int stage = kk & 1;
+      cutlass::arch::ClusterBarrier::wait(&smem.full[stage], (kk >> 1) & 1);
+      // S = Q K^T; waiting for it also completes the PV of the previous tile.
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      auto tSrK_s = at_offset(tSrK, stage * Traits::kStageBytes);
+#pragma unroll
+      for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
+        mma_qk.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      warpgroup_fence_operand(tOrO);
+      if (kk > 0) release_part(&smem.empty[stage ^ 1], lane);
+      // Keys the producer found invalid (or past the token's count) never count.
+      const uint64_t valid = *reinterpret_cast<const volatile uint64_t*>(smem.valid[stage]);
+      if (valid != ~0ull) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int c = 0; c < size<1>(S); ++c) {
+            if (!((valid >> get<1>(cS_rc(r, c))) & 1ull)) S(r, c) = -INFINITY;
+          }
+        }
+      }
+      float factor[2], base[2], sum[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float mx = quad_max(row_reduce<true>(S, r));
+        const float m_new = lazy_max(m_run[r], mx, max_thr);
+        base[r] = max_base(m_new, sl2);
+        factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
+        m_run[r] = m_new;
+      }
+      softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
+      store_p(p_buffer<Traits>(smem, stage), tOrP, t);
+      smem.rescale[stage][t] = make_float2(factor[0], factor[1]);
+      bar_arrive(stage == 0 ? kBarP0 : kBarP1, 256);
+      rescale_rows_if(O, factor);
+      gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
+    }
+    wait_pv(tOrO, tOrP);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] = quad_sum(l_run[r]);
+      if (lane % 4 == 0) smem.row_sum[row_of[r]] = l_run[r];
+    }
+  } else {
+    for (int kk = 0; kk < n_tiles; ++kk) {
+      const int stage = kk & 1;
+      bar_sync(stage == 0 ? kBarP0 : kBarP1, 256);
+      cutlass::arch::ClusterBarrier::wait(&smem.full[stage], (kk >> 1) & 1);
+      load_p(p_buffer<Traits>(smem, stage), tOrP, t);
+      const float2 f = smem.rescale[stage][t];
+      const float factor[2] = {f.x, f.y};
+      rescale_rows_if(O, factor);
+      gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
+      wait_pv(tOrO, tOrP);
+      release_part(&smem.empty[stage], lane);
+    }
+  }
+  bar_sync(kBarEpi, 256);
+
+  // ---- epilogue: normalise; out + lse (one split) or the split's partial ----
+  const bool single = p.num_splits == 1;
+  float lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = smem.row_sum[row_of[r]];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    // m_run is WG0's; WG1 needs only the lse for the sink, so it reads it back below.
+    lse[r] = l > 0.f ? m_run[r] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
+#pragma unroll
+    for (int c = 0; c < size<1>(O); ++c) O(r, c) *= inv;
+  }
+  if (wg == 0 && lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = m_block * 64 + row_of[r];
+      if (h >= p.h_q) continue;
+      if (single) {
+        p.lse[i * p.lse_stride_b + h * p.lse_stride_h + j * p.lse_stride_s] = lse[r];
+      } else {
+        p.lse_partial[(static_cast<int64_t>(split) * p.tokens + token) * p.h_q + h] = lse[r];
+      }
+    }
+  }
+  if (single && p.sink != nullptr) {
+    // WG1's lse: WG0's rows, published through row_sum's neighbour (the max) would cost a
+    // barrier; the factor only needs lse, which WG0 writes to smem.rescale after the loop.
+    if (wg == 0) {
+      if (lane % 4 == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) reinterpret_cast<float*>(smem.rescale)[row_of[r]] = lse[r];
+      }
+    }
+    bar_sync(kBarEpi, 256);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = m_block * 64 + row_of[r];
+      const float l = reinterpret_cast<const float*>(smem.rescale)[row_of[r]];
+      float f = 0.f;
+      if (h < p.h_q && l != INFINITY) {
+        f = 1.f / (1.f + expf(p.sink[h * p.sink_stride] - l));
+      }
+#pragma unroll
+      for (int c = 0; c < size<1>(O); ++c) O(r, c) *= f;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = m_block * 64 + row_of[r];
+    if (h >= p.h_q) continue;
+    if (single) {
+      char* out = static_cast<char*>(p.out) +
+                  (i * p.out_stride_b + j * p.out_stride_s + h * p.out_stride_h +
+                   wg * Traits::kVHalfDims) * 2;
+#pragma unroll
+      for (int c = 0; c < size<1>(O); c += 2) {
+        const int col = get<1>(cO_rc(r, c));
+        *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(r, c), O(r, c + 1));
+      }
+    } else {
+      float* out = p.o_partial +
+                   ((static_cast<int64_t>(split) * p.tokens + token) * p.h_q + h) * 512 +
+                   wg * Traits::kVHalfDims;
+#pragma unroll
+      for (int c = 0; c < size<1>(O); c += 2) {
+        const int col = get<1>(cO_rc(r, c));
+        *reinterpret_cast<float2*>(out + col) = make_float2(O(r, c), O(r, c + 1));
+      }
+    }
+  }
+}
+
+}  // namespace sparse_decode_detail
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    sparse_decode_kernel(const __grid_constant__ SparseDecodeParams params) {
+  using namespace sparse_decode_detail;
+  using Storage = typename Traits::SharedStorage;
+  extern __shared__ __align__(1024) char smem_raw[];
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  Storage& smem =
+      *reinterpret_cast<Storage*>(smem_raw + (((smem_base + 1023u) & ~1023u) - smem_base));
+  const int m_block = blockIdx.x, split = blockIdx.y, token = blockIdx.z;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < Traits::kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&smem.full[s], 4);   // lane 0 of the 4 producer warps
+      cutlass::arch::ClusterBarrier::init(&smem.empty[s], 8);  // lane 0 of the 8 compute warps
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  // The combine grid may launch now; it waits for this grid to finish before reading partials.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  if (wg == 2) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    produce<Traits>(params, smem, token, split);
+  } else if (wg == 1) {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kWg1Registers>();
+    consume<Traits>(params, smem, 1, m_block, split, token);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kWg0Registers>();
+    consume<Traits>(params, smem, 0, m_block, split, token);
+  }
+}
+
+template <int kHeadDimQK>
+cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
+  using Traits = SparseDecodeTraits<kHeadDimQK>;
+  auto kernel = sparse_decode_kernel<Traits>;
+  if (const cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes); err != cudaSuccess) {
+    return err;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(params.m_blocks, params.num_splits, params.tokens);
+  config.blockDim = dim3(Traits::kNumThreads);
+  config.dynamicSmemBytes = Traits::kSmemBytes;
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+}  // namespace openmla::cuda::sm90

@@ -1,0 +1,235 @@
+// Host side of the SM90 sparse decode family (launch.h): what the kernel needs beyond core
+// validation, the split count, the workspace, and the launches of decode and combine.
+#include "cuda/sm90/sparse_decode/launch.h"
+
+#include <atomic>
+#include <string>
+
+#include "core/str_cat.h"
+#include "cuda/common/kv_codec.cuh"
+#include "cuda/sm90/sparse_decode/params.h"
+
+namespace openmla::cuda::sm90 {
+namespace {
+
+constexpr int kKeysPerTile = 64;
+constexpr int kMaxSplits = 64;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+template <typename... Parts>
+Status invalid(const Parts&... parts) {
+  return Status::InvalidArgument(core::str_cat("sparse_decode: ", parts...));
+}
+
+// SMs of a device, read once per device.
+int num_sms(int device_index) {
+  static std::atomic<int> cached[64];
+  if (device_index >= 0 && device_index < 64) {
+    if (const int n = cached[device_index].load(std::memory_order_relaxed); n > 0) return n;
+  }
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) {
+    return 132;
+  }
+  if (device_index >= 0 && device_index < 64) cached[device_index].store(n);
+  return n;
+}
+
+// The most splits any topk may get for this many CTAs a split: enough CTAs to fill the SMs
+// once; none when the unsplit grid already fills three quarters of them.
+int max_splits(int sms, int64_t ctas) {
+  if (ctas <= 0 || 4 * ctas >= 3 * static_cast<int64_t>(sms)) return 1;
+  const int64_t s = (sms + ctas - 1) / ctas;
+  return static_cast<int>(s < kMaxSplits ? s : kMaxSplits);
+}
+
+struct Plan {
+  int num_splits, tiles_per_split;
+};
+// Splits of at least two tiles each (a split pays Q's load and the pipeline's fill).
+Plan plan_splits(int sms, int64_t ctas, int64_t max_tiles) {
+  int splits = max_splits(sms, ctas);
+  const int64_t by_tiles = max_tiles / 2 > 1 ? max_tiles / 2 : 1;
+  if (splits > by_tiles) splits = static_cast<int>(by_tiles);
+  if (max_tiles == 0) return {1, 0};
+  const int tps = static_cast<int>((max_tiles + splits - 1) / splits);
+  return {static_cast<int>((max_tiles + tps - 1) / tps), tps};
+}
+
+size_t partial_bytes(int64_t splits, int64_t tokens, int64_t h_q, int64_t d_v) {
+  if (splits <= 1) return 0;
+  return align_up(sizeof(float) * splits * tokens * h_q * d_v) +
+         align_up(sizeof(float) * splits * tokens * h_q);
+}
+
+int codec_of(KVFormat format) {
+  using kvcodec::Codec;
+  switch (format) {
+    case KVFormat::kBF16: return static_cast<int>(Codec::kBF16);
+    case KVFormat::kFP16: return static_cast<int>(Codec::kFP16);
+    case KVFormat::kFP8_V32: return static_cast<int>(Codec::kFP8_V32);
+    case KVFormat::kFP8_Model1: return static_cast<int>(Codec::kFP8_Model1);
+    case KVFormat::kFP8_MX: return static_cast<int>(Codec::kFP8_MX);
+    case KVFormat::kFP4: return static_cast<int>(Codec::kFP4);
+  }
+  return -1;
+}
+
+Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c) {
+  const KVLayout& l = cache.layout;
+  if (l.format == KVFormat::kFP16) {
+    return Status::NotImplemented(core::str_cat(
+        "sparse_decode: ", arg, ": fp16 caches have no CUDA sparse decode kernel (q is bf16; "
+        "the kernel reads bf16, fp8_v32, fp8_model1, fp8_mx and fp4 caches)"));
+  }
+  c->base = static_cast<const uint8_t*>(cache.data);
+  c->block_stride = l.block_stride;
+  c->data_offset = l.data_offset;
+  c->data_stride = l.data_stride;
+  c->scale_offset = l.scale_offset;
+  c->scale_stride = l.scale_stride;
+  c->rope_offset = l.rope_offset;
+  c->rope_stride = l.rope_stride;
+  c->num_slots = cache.num_tokens();
+  c->page_size = l.page_size;
+  c->page_shift = -1;
+  for (int s = 0; s < 31; ++s) {
+    if ((1 << s) == l.page_size) c->page_shift = s;
+  }
+  c->codec = codec_of(l.format);
+  // A token's bytes into L2 one tile ahead: its data part, and the parts stored right behind it
+  // at the same stride (the default fp8_v32 token is one 656 B run); 16 B aligned runs only.
+  const KVFormatInfo info = kv_format_info(l.format, l.d_qk);
+  int64_t end = l.data_offset + info.data_bytes;
+  if (info.scale_bytes > 0 && l.scale_stride == l.data_stride && l.scale_offset == end) {
+    end += info.scale_bytes;
+  }
+  if (info.rope_bytes > 0 && l.rope_stride == l.data_stride && l.rope_offset == end) {
+    end += info.rope_bytes;
+  }
+  const int64_t bytes = (end - l.data_offset + 15) / 16 * 16;
+  const bool aligned = reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 &&
+                       l.block_stride % 16 == 0 && l.data_offset % 16 == 0 &&
+                       l.data_stride % 16 == 0;
+  c->prefetch_bytes = aligned ? static_cast<int>(bytes) : 0;
+  return Status::Ok();
+}
+
+}  // namespace
+
+size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v) {
+  if (batch <= 0 || s_q <= 0 || h_q <= 0 || d_v <= 0) return 0;
+  const int64_t tokens = static_cast<int64_t>(batch) * s_q;
+  const int64_t ctas = tokens * ((h_q + 63) / 64);
+  return partial_bytes(max_splits(num_sms(device_index), ctas), tokens, h_q, d_v);
+}
+
+Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
+                     cudaStream_t stream) {
+  if (shape.d_v != 512) {
+    return Status::NotImplemented(
+        core::str_cat("sparse_decode: d_v ", shape.d_v, " has no CUDA kernel (d_v 512 only)"));
+  }
+  if (shape.topk > (1 << 24) || shape.extra_topk > (1 << 24)) {
+    return invalid("indices: topk ", shape.topk, " / extra_topk ", shape.extra_topk,
+                   " above the kernel's 2^24");
+  }
+  const TensorView& out = args.out;
+  if (reinterpret_cast<uintptr_t>(out.data) % 4 != 0 || out.strides[0] % 2 != 0 ||
+      out.strides[1] % 2 != 0 || out.strides[2] % 2 != 0) {
+    return Status::NotImplemented(core::str_cat(
+        "sparse_decode: out: the CUDA kernel stores bf16 pairs; expected a 4-byte aligned "
+        "tensor with even strides, got strides [",
+        out.strides[0], ", ", out.strides[1], ", ", out.strides[2], ", 1]"));
+  }
+  const TensorView& q = args.q;
+  if (reinterpret_cast<uintptr_t>(q.data) % 16 != 0 || q.strides[0] % 8 != 0 ||
+      q.strides[1] % 8 != 0 || q.strides[2] % 8 != 0) {
+    return Status::NotImplemented(core::str_cat(
+        "sparse_decode: q: the CUDA kernel loads 16-byte rows; expected a 16-byte aligned "
+        "tensor with strides multiples of 8, got strides [",
+        q.strides[0], ", ", q.strides[1], ", ", q.strides[2], ", 1]"));
+  }
+
+  SparseDecodeParams p = {};
+  p.q = q.data;
+  p.q_stride_b = q.strides[0];
+  p.q_stride_s = q.strides[1];
+  p.q_stride_h = q.strides[2];
+  p.out = out.data;
+  p.out_stride_b = out.strides[0];
+  p.out_stride_s = out.strides[1];
+  p.out_stride_h = out.strides[2];
+  p.lse = args.lse.data_as<float>();
+  p.lse_stride_b = args.lse.strides[0];
+  p.lse_stride_h = args.lse.strides[1];
+  p.lse_stride_s = args.lse.strides[2];
+  OPENMLA_RETURN_IF_ERROR(cache_params(args.k_cache, "k_cache", &p.cache[0]));
+  p.indices[0] = args.indices.data_as<const int32_t>();
+  p.indices_stride_b[0] = args.indices.strides[0];
+  p.indices_stride_s[0] = args.indices.strides[1];
+  p.indices_stride_k[0] = args.indices.strides[2];
+  p.lengths[0] = args.topk_length.defined() ? args.topk_length.data_as<const int32_t>() : nullptr;
+  p.lengths_stride[0] = args.topk_length.defined() ? args.topk_length.strides[0] : 0;
+  p.topk[0] = static_cast<int>(shape.topk);
+  p.cache[1] = p.cache[0];
+  p.indices[1] = p.indices[0];
+  if (args.extra_k_cache.defined()) {
+    OPENMLA_RETURN_IF_ERROR(cache_params(args.extra_k_cache, "extra_k_cache", &p.cache[1]));
+    p.indices[1] = args.extra_indices.data_as<const int32_t>();
+    p.indices_stride_b[1] = args.extra_indices.strides[0];
+    p.indices_stride_s[1] = args.extra_indices.strides[1];
+    p.indices_stride_k[1] = args.extra_indices.strides[2];
+    p.lengths[1] = args.extra_topk_length.defined()
+                       ? args.extra_topk_length.data_as<const int32_t>()
+                       : nullptr;
+    p.lengths_stride[1] = args.extra_topk_length.defined() ? args.extra_topk_length.strides[0] : 0;
+    p.topk[1] = static_cast<int>(shape.extra_topk);
+  }
+  p.sink = args.attn_sink.defined() ? args.attn_sink.data_as<const float>() : nullptr;
+  p.sink_stride = args.attn_sink.defined() ? args.attn_sink.strides[0] : 0;
+
+  p.batch = static_cast<int>(shape.batch);
+  p.s_q = static_cast<int>(shape.s_q);
+  p.h_q = static_cast<int>(shape.h_q);
+  p.tokens = p.batch * p.s_q;
+  p.m_blocks = (p.h_q + 63) / 64;
+  p.scale = shape.softmax_scale;
+  p.scale_log2 = shape.softmax_scale * 1.4426950408889634f;
+  if (p.tokens == 0) return Status::Ok();
+  if (p.tokens > 65535) {
+    return Status::NotImplemented(core::str_cat("sparse_decode: batch * s_q = ", p.tokens,
+                                                " query tokens; the CUDA kernel takes 65535"));
+  }
+
+  const int64_t max_tiles = (shape.topk + kKeysPerTile - 1) / kKeysPerTile +
+                            (shape.extra_topk + kKeysPerTile - 1) / kKeysPerTile;
+  const Plan plan =
+      plan_splits(num_sms(shape.device.index), static_cast<int64_t>(p.tokens) * p.m_blocks, max_tiles);
+  p.num_splits = plan.num_splits;
+  p.tiles_per_split = plan.tiles_per_split;
+  if (p.num_splits > 1) {
+    const size_t need = partial_bytes(p.num_splits, p.tokens, p.h_q, 512);
+    if (args.workspace.bytes < need || args.workspace.data == nullptr) {
+      return invalid("workspace: expected at least ", need,
+                     " bytes (sparse_decode_workspace_size), got ", args.workspace.bytes);
+    }
+    char* ws = static_cast<char*>(args.workspace.data);
+    p.o_partial = reinterpret_cast<float*>(ws);
+    p.lse_partial = reinterpret_cast<float*>(
+        ws + align_up(sizeof(float) * p.num_splits * p.tokens * p.h_q * 512));
+  }
+
+  cudaError_t err = shape.d_qk == 576 ? launch_sparse_decode_kernel<576>(p, stream)
+                                      : launch_sparse_decode_kernel<512>(p, stream);
+  if (err == cudaSuccess && p.num_splits > 1) err = launch_sparse_decode_combine(p, stream);
+  if (err != cudaSuccess) {
+    return Status::CudaError(std::string("sparse_decode: launch failed: ") +
+                             cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace openmla::cuda::sm90

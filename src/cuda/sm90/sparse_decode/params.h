@@ -1,0 +1,58 @@
+// The one door into the SM90 sparse decode kernel (DESIGN §2.2): plain pointers, strides (in
+// elements) and sizes, filled by launch.cu from validated SparseDecodeArgs.
+#pragma once
+
+#include <cstdint>
+
+namespace openmla::cuda::sm90 {
+
+// One paged cache as the producer warps read it (all in bytes; kv_format.h's KVLayout).
+struct SparseCacheParams {
+  const uint8_t* base = nullptr;
+  int64_t block_stride = 0;
+  int64_t data_offset = 0, data_stride = 0;
+  int64_t scale_offset = 0, scale_stride = 0;
+  int64_t rope_offset = 0, rope_stride = 0;
+  int64_t num_slots = 0;  // num_blocks * page_size: indices outside [0, num_slots) are never read
+  int page_size = 1;
+  int page_shift = -1;    // log2(page_size) when a power of two, else -1 (a division per key)
+  int codec = 0;          // kvcodec::Codec of the format
+  int prefetch_bytes = 0; // a token's data part rounded up to 16 B for the L2 bulk prefetch; 0: off
+};
+
+struct SparseDecodeParams {
+  const void* q;  // [b, s_q, h_q, d_qk] bf16
+  int64_t q_stride_b, q_stride_s, q_stride_h;
+  void* out;  // [b, s_q, h_q, 512] bf16
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;  // [b, h_q, s_q]
+  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+
+  // The main cache (0) and the optional extra cache (1), each with its indices [b, s_q, topk]
+  // and optional lengths [b]; topk[1] = 0 without an extra cache.
+  SparseCacheParams cache[2];
+  const int32_t* indices[2];
+  int64_t indices_stride_b[2], indices_stride_s[2], indices_stride_k[2];
+  const int32_t* lengths[2];  // null: all topk entries count
+  int64_t lengths_stride[2];
+  int topk[2];
+
+  const float* sink;  // [h_q] or null
+  int64_t sink_stride;
+
+  // Split partials (num_splits > 1), row-major and independent of any register layout:
+  // o_partial [num_splits, tokens, h_q, 512] fp32 (unnormalised-free: already divided by the
+  // split's row sum), lse_partial [num_splits, tokens, h_q] (-inf: the split saw no key).
+  float* o_partial;
+  float* lse_partial;
+
+  int batch, s_q, h_q;
+  int tokens;           // batch * s_q: one query token is one problem (its own indices)
+  int m_blocks;         // ceil(h_q / 64)
+  int num_splits;       // the grid's y
+  int tiles_per_split;  // 64-key tiles of a token each split walks
+  float scale;          // softmax scale
+  float scale_log2;     // scale * log2(e)
+};
+
+}  // namespace openmla::cuda::sm90

@@ -1,0 +1,277 @@
+// What fills the sparse decode kernel's shared memory (kernel.cuh): the producer warpgroup walks
+// a split's tiles of 64 keys, looks each key up in the index list, loads its bytes and
+// dequantises them into a stage's bf16 pieces (the layout wgmma reads), and prefetches the next
+// tile's keys into L2 while it does. Invalid keys (index < 0 or >= num_slots, or past the
+// token's length) are never read: their rows are zeros and their bit in the stage's mask is 0.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/common/kv_codec.cuh"
+#include "cuda/sm90/dense_decode/primitives.cuh"
+#include "cuda/sm90/sparse_decode/params.h"
+
+namespace openmla::cuda::sm90 {
+namespace sparse_decode_detail {
+
+using dense_decode_detail::fence_async_smem;
+using kvcodec::Codec;
+
+// The keys of query token (i, j): the first n[0] entries of its main index list, then the first
+// n[1] of its extra list, each cut into 64-key tiles (a tile never mixes the two caches).
+struct TokenKeys {
+  int n[2];
+  int tiles0, tiles;
+};
+__device__ __forceinline__ int counted(const SparseDecodeParams& p, int c, int i) {
+  if (p.topk[c] == 0) return 0;
+  if (p.lengths[c] == nullptr) return p.topk[c];
+  const int n = p.lengths[c][i * p.lengths_stride[c]];
+  return n < 0 ? 0 : (n > p.topk[c] ? p.topk[c] : n);
+}
+__device__ __forceinline__ TokenKeys token_keys(const SparseDecodeParams& p, int i) {
+  TokenKeys t;
+  t.n[0] = counted(p, 0, i);
+  t.n[1] = counted(p, 1, i);
+  t.tiles0 = (t.n[0] + 63) / 64;
+  t.tiles = t.tiles0 + (t.n[1] + 63) / 64;
+  return t;
+}
+struct Tile {
+  int cache, pos0, count;
+};
+__device__ __forceinline__ Tile tile_at(const TokenKeys& t, int k) {
+  const int c = k < t.tiles0 ? 0 : 1;
+  const int pos0 = 64 * (c == 0 ? k : k - t.tiles0);
+  return {c, pos0, min(64, t.n[c] - pos0)};
+}
+// The tiles [begin, end) split `split` walks.
+__device__ __forceinline__ int2 split_tiles(const SparseDecodeParams& p, const TokenKeys& t,
+                                            int split) {
+  const int begin = split * p.tiles_per_split;
+  return make_int2(begin, max(begin, min(begin + p.tiles_per_split, t.tiles)));
+}
+
+// The cache slot entry `pos` of token (i, j)'s list `c` names; -1 (never read) past its count.
+__device__ __forceinline__ int slot_of(const SparseDecodeParams& p, const Tile& tile, int i, int j,
+                                       int key) {
+  if (key >= tile.count) return -1;
+  const int c = tile.cache;
+  return p.indices[c][i * p.indices_stride_b[c] + j * p.indices_stride_s[c] +
+                      static_cast<int64_t>(tile.pos0 + key) * p.indices_stride_k[c]];
+}
+
+// A valid slot's block and offset in it.
+__device__ __forceinline__ void block_offset(const SparseCacheParams& c, int slot, int* block,
+                                             int* offset) {
+  if (c.page_shift >= 0) {
+    *block = slot >> c.page_shift;
+    *offset = slot & (c.page_size - 1);
+  } else {
+    *block = slot / c.page_size;
+    *offset = slot - *block * c.page_size;
+  }
+}
+
+// A lane's raw bytes of one key (lane l owns dims 16l..16l+15, and 512+2l, 513+2l at d 576; the
+// lane mapping of kv_codec.cuh): data words, the group scale's bits, the d 576 tail word.
+struct RawKey {
+  uint32_t w[8];
+  uint32_t scale;
+  uint32_t tail;
+};
+
+template <int D>
+__device__ __forceinline__ void load_raw(const SparseCacheParams& c, int64_t block_base,
+                                         int offset, int lane, RawKey& r) {
+  const uint8_t* tok = c.base + block_base;
+  const uint8_t* data = tok + c.data_offset + static_cast<int64_t>(offset) * c.data_stride;
+  const uint8_t* scale = tok + c.scale_offset + static_cast<int64_t>(offset) * c.scale_stride;
+  const uint8_t* rope = tok + c.rope_offset + static_cast<int64_t>(offset) * c.rope_stride;
+  if (c.codec == static_cast<int>(Codec::kBF16)) {
+    kvcodec::load_bytes<32>(data + 32 * lane, r.w);
+    if constexpr (D == 576) {
+      uint32_t t[1];
+      kvcodec::load_bytes<4>(data + 1024 + 4 * lane, t);
+      r.tail = t[0];
+    }
+    return;
+  }
+  if constexpr (D == 576) {  // fp8_v32
+    uint32_t w[4], t[1];
+    kvcodec::load_bytes<16>(data + 16 * lane, w);
+    kvcodec::load_bytes<4>(rope + 4 * lane, t);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) r.w[k] = w[k];
+    r.scale = kvcodec::f2u(kvcodec::load_f32(scale + 4 * (lane >> 3)));
+    r.tail = t[0];
+  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {
+    if (lane < 28) {
+      uint32_t w[4];
+      kvcodec::load_bytes<16>(data + 16 * lane, w);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) r.w[k] = w[k];
+      r.scale = kvcodec::load_u8(scale + (lane >> 2));
+    } else {
+      kvcodec::load_bytes<32>(rope + 32 * (lane - 28), r.w);
+    }
+  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {
+    uint32_t w[4];
+    kvcodec::load_bytes<16>(data + 16 * lane, w);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) r.w[k] = w[k];
+    r.scale = kvcodec::load_u8(scale + (lane >> 1));
+  } else {  // fp4
+    uint32_t w[2];
+    kvcodec::load_bytes<8>(data + 8 * lane, w);
+    r.w[0] = w[0];
+    r.w[1] = w[1];
+    r.scale = kvcodec::load_u8(scale + lane);
+  }
+}
+
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 16 e4m3 codes times one scale, as 8 bf16 pairs (the codec's exact products, rounded once).
+__device__ __forceinline__ void e4m3x16_to_bf16(const RawKey& r, float scale, uint32_t (&out)[8]) {
+  const uint32_t w[4] = {r.w[0], r.w[1], r.w[2], r.w[3]};
+  float f[16];
+  kvcodec::detail::decode_e4m3x16(w, scale, f);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) out[k] = bf16x2(f[2 * k], f[2 * k + 1]);
+}
+
+// The lane's 16 dims (and the d 576 tail pair) of a key as bf16.
+template <int D>
+__device__ __forceinline__ void decode_raw(int codec, int lane, const RawKey& r,
+                                           uint32_t (&out)[8], uint32_t& tail) {
+  tail = r.tail;
+  if (codec == static_cast<int>(Codec::kBF16)) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = r.w[k];
+    return;
+  }
+  if constexpr (D == 576) {  // fp8_v32: float32 scale, bf16 tail
+    e4m3x16_to_bf16(r, kvcodec::u2f(r.scale), out);
+  } else if (codec == static_cast<int>(Codec::kFP8_Model1) && lane >= 28) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = r.w[k];  // bf16 RoPE dims
+  } else if (codec == static_cast<int>(Codec::kFP8_Model1) ||
+             codec == static_cast<int>(Codec::kFP8_MX)) {
+    e4m3x16_to_bf16(r, kvcodec::e8m0_to_float(r.scale), out);
+  } else {  // fp4
+    const float scale = kvcodec::e4m3_to_float(r.scale);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t bits = r.w[k / 4] >> (8 * (k % 4));
+      out[k] = bf16x2(kvcodec::host_mul(kvcodec::e2m1_to_float(bits & 0xFu), scale),
+                      kvcodec::host_mul(kvcodec::e2m1_to_float((bits >> 4) & 0xFu), scale));
+    }
+  }
+}
+
+// Row `row` of a stage: the lane's 16 dims are chunks 2 (l % 4), + 1 of piece l / 4 (128 B
+// swizzle). Lanes of odd pieces store their second chunk first, so each store instruction covers
+// all eight 16 B bank groups of a row (two stores a lane, no conflicts beyond the minimum).
+template <int D>
+__device__ __forceinline__ void store_row(char* stage, int row, int lane, const uint32_t (&v)[8],
+                                          uint32_t tail) {
+  const int piece = lane >> 2, c0 = (lane & 3) * 2;
+  const bool odd = piece & 1;
+  char* base = stage + piece * 8192 + row * 128;
+  const uint4 lo = make_uint4(v[0], v[1], v[2], v[3]);
+  const uint4 hi = make_uint4(v[4], v[5], v[6], v[7]);
+  const int c_first = odd ? c0 + 1 : c0, c_second = odd ? c0 : c0 + 1;
+  *reinterpret_cast<uint4*>(base + ((c_first ^ (row & 7)) << 4)) = odd ? hi : lo;
+  *reinterpret_cast<uint4*>(base + ((c_second ^ (row & 7)) << 4)) = odd ? lo : hi;
+  if constexpr (D == 576) {  // dims 512 + 2l, 513 + 2l: bytes 4l.. of piece 8's row
+    *reinterpret_cast<uint32_t*>(stage + 8 * 8192 + row * 128 + (((lane >> 2) ^ (row & 7)) << 4) +
+                                 (lane & 3) * 4) = tail;
+  }
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
+template <class Traits>
+__device__ __forceinline__ void produce(const SparseDecodeParams& p,
+                                        typename Traits::SharedStorage& smem, int token,
+                                        int split) {
+  constexpr int D = Traits::kHeadDimQK;
+  constexpr int kBatch = Traits::kLoadBatch;
+  const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
+  const int i = token / p.s_q, j = token - i * p.s_q;
+  const TokenKeys keys = token_keys(p, i);
+  const int2 range = split_tiles(p, keys, split);
+  const int my_key = 16 * warp + (lane & 15);
+
+  // The slot of this lane's key (lanes 0-15) of tile k, and its L2 prefetch.
+  auto lookup = [&](int k, bool prefetch) {
+    if (lane >= 16 || k >= range.y) return -1;
+    const Tile tile = tile_at(keys, k);
+    const int slot = slot_of(p, tile, i, j, my_key);
+    const SparseCacheParams& c = p.cache[tile.cache];
+    if (prefetch && c.prefetch_bytes > 0 && slot >= 0 && slot < c.num_slots) {
+      int block, offset;
+      block_offset(c, slot, &block, &offset);
+      prefetch_l2(c.base + static_cast<int64_t>(block) * c.block_stride + c.data_offset +
+                      static_cast<int64_t>(offset) * c.data_stride,
+                  c.prefetch_bytes);
+    }
+    return slot;
+  };
+
+  int next_slot = lookup(range.x, false);
+  for (int k = range.x; k < range.y; ++k) {
+    const int kk = k - range.x;
+    const int stage = kk & 1;
+    const int slot = next_slot;
+    next_slot = lookup(k + 1, true);  // the next tile's index, its bytes on their way to L2
+    const Tile tile = tile_at(keys, k);
+    const SparseCacheParams& c = p.cache[tile.cache];
+    const bool valid = lane < 16 && slot >= 0 && slot < c.num_slots;
+    const uint32_t mask = __ballot_sync(0xffffffffu, valid) & 0xFFFFu;
+    int block = 0, offset = 0;
+    if (valid) block_offset(c, slot, &block, &offset);
+    const int64_t block_base = static_cast<int64_t>(block) * c.block_stride;
+
+    // The stage is free once both compute warpgroups are done with its previous tile.
+    cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
+    char* dst = reinterpret_cast<char*>(smem.k[stage]);
+#pragma unroll 1
+    for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
+      RawKey raw[kBatch];
+#pragma unroll
+      for (int e = 0; e < kBatch; ++e) {  // every load of the batch in flight together
+        const int key = b + e;
+        const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
+        const int off = __shfl_sync(0xffffffffu, offset, key);
+        if ((mask >> key) & 1u) load_raw<D>(c, base, off, lane, raw[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < kBatch; ++e) {
+        const int key = b + e;
+        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        uint32_t tail = 0u;
+        if ((mask >> key) & 1u) decode_raw<D>(c.codec, lane, raw[e], v, tail);
+        store_row<D>(dst, 16 * warp + key, lane, v, tail);
+      }
+    }
+    if (lane == 0) smem.valid[stage][warp] = static_cast<uint16_t>(mask);
+    fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+  }
+}
+
+}  // namespace sparse_decode_detail
+}  // namespace openmla::cuda::sm90

@@ -1,0 +1,88 @@
+// Compile-time choices of the SM90 sparse MLA decode kernel (DESIGN §2.2; NOTES.md beside this).
+//
+// A CTA serves up to 64 query heads of one query token (one m-block; h_q 128 is two CTAs) over
+// one split of that token's key list, in tiles of 64 keys. Three warpgroups: WG2 gathers the
+// tile's keys through the index list and dequantises them into bf16 shared memory (two stages);
+// WG0 computes S = Q K^T, the online softmax and O_L += P V_L (dims 0-255); WG1 takes P through
+// shared memory and computes O_R += P V_R (dims 256-511). Heads past h_q are zero rows of the
+// 64-row wgmma (h_q 8-32 pad the MMA, never the gather or the dequantisation, which are per key).
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90.hpp>
+
+namespace openmla::cuda::sm90 {
+
+template <int kHeadDimQK_>
+struct SparseDecodeTraits {
+  using Element = cute::bfloat16_t;
+  static constexpr int kHeadDimQK = kHeadDimQK_;
+  static constexpr int kHeadDimV = 512;
+  static_assert(kHeadDimQK == 576 || kHeadDimQK == 512);
+
+  static constexpr int kBlockM = 64;  // heads per CTA: one wgmma M
+  static constexpr int kBlockN = 64;  // keys per tile (one stage)
+  // A tile is stored as pieces of 64 keys x 64 dims (8 KB, 128 B rows, 128 B swizzle), the
+  // layout wgmma reads K (K-major) and V (MN-major) from.
+  static constexpr int kPieceDims = 64;
+  static constexpr int kNumPieces = kHeadDimQK / kPieceDims;  // 9 or 8
+  static constexpr int kPieceElems = kBlockN * kPieceDims;
+  static constexpr int kPieceBytes = kPieceElems * 2;
+  static constexpr int kTileElems = kBlockN * kHeadDimQK;
+  static constexpr int kStageBytes = kTileElems * 2;
+  static constexpr int kStages = 2;
+  // P (64 x 64 bf16) crosses from WG0 to WG1. At d 576 it lives in the stage's RoPE piece (dead
+  // once QK^T is done; Q + two tiles leave no room for more), at d 512 in buffers of its own.
+  static constexpr bool kPInKTile = kNumPieces > 8;
+
+  static constexpr int kNumThreads = 384;
+  static constexpr int kVHalfDims = kHeadDimV / 2;
+  // setmaxnreg: WG0 (S, P and half of O) 224, WG1 (half of O and P) 176, the producer 104:
+  // 504 per thread slot = the 384 x 168 the CTA launches with.
+  static constexpr int kWg0Registers = 224;
+  static constexpr int kWg1Registers = 176;
+  static constexpr int kProducerRegisters = 104;
+  // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
+  static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
+  static constexpr int kLoadBatch = 4;
+
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimQK>>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimQK>>{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kVHalfDims>, cute::Int<kBlockN>>{}, cute::Step<cute::_2, cute::_1>{}));
+  using SmemLayoutP = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
+
+  using TiledMmaQK = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_64>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+  using TiledMmaPV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kVHalfDims>, cute::_64>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+
+  struct SharedStorage {
+    alignas(1024) Element q[kBlockM * kHeadDimQK];
+    alignas(1024) Element k[kStages][kTileElems];  // [stage][piece][64 keys][64 dims]
+    alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile ? 8 : kBlockM * kBlockN];
+    float2 rescale[kStages][128];  // WG0 -> WG1: O's row factors of the tile, thread-major
+    float row_sum[kBlockM];        // WG0 -> WG1 in the epilogue
+    alignas(8) uint16_t valid[kStages][4];  // per stage: bit k of warp w's word = key 16 w + k is valid
+    alignas(8) uint64_t full[kStages];   // the producer filled the stage (4 warp arrivals)
+    uint64_t empty[kStages];             // both compute warpgroups are done with it (8 warps)
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
+  static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
+};
+
+}  // namespace openmla::cuda::sm90

@@ -1,0 +1,491 @@
+// The SM90 sparse decode kernel (src/cuda/sm90/sparse_decode) against the CPU backend, through
+// the public API, on fresh random data. Caches are written by the GPU kv_cache_write into buffers
+// filled with 0xFF first (NaN in every format's scales and elements), so any slot no counted
+// index names holds NaN; indices mix live slots, duplicates, -1, other negatives and slots past
+// the cache's end; entries past topk_length name dead slots. Outputs start poisoned (NaN), and
+// strided outputs' gaps must stay NaN. Tolerances as the dense decode tests: ‖out − ref‖/‖ref‖
+// <= 1e-2, lse within 1e-3 · max(1, |lse|), exact zeros (lonely queries, +inf sinks) exact.
+// Tests named *Small* run under compute-sanitizer memcheck too (tools/device_check.sh).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/test_data.h"
+#include "gpu/gpu_test_util.h"
+#include "openmla/openmla.h"
+
+namespace openmla::testing {
+namespace {
+
+struct CacheSpec {
+  KVFormat format = KVFormat::kFP8_V32;
+  int d_qk = 576;  // bf16 only; the other formats fix it
+  bool interleaved = false;
+  int page = 64;
+  int64_t num_blocks = 8;
+  int64_t pad_bytes = 0;
+};
+
+enum class Sink { kNone, kFinite, kMixed };
+
+struct Case {
+  int64_t b = 2, s_q = 1, h_q = 64, topk = 128;
+  CacheSpec cache;
+  bool topk_length = false;
+  std::optional<CacheSpec> extra;
+  int64_t extra_topk = 64;
+  bool extra_topk_length = false;
+  Sink sink = Sink::kNone;
+  bool strided_out = false;
+  bool all_invalid = false;
+  uint64_t seed = 1;
+
+  std::string name() const {
+    return std::string(kv_format_name(cache.format)) + (cache.interleaved ? "/interleaved" : "") +
+           " d" + std::to_string(kv_format_info(cache.format, cache.d_qk).d_qk) + " page " +
+           std::to_string(cache.page) + " b " + std::to_string(b) + " s_q " +
+           std::to_string(s_q) + " h_q " + std::to_string(h_q) + " topk " + std::to_string(topk) +
+           (topk_length ? " +len" : "") +
+           (extra ? std::string(" +extra ") + kv_format_name(extra->format) + " topk " +
+                        std::to_string(extra_topk) + (extra_topk_length ? " +len" : "")
+                  : "") +
+           (sink != Sink::kNone ? " +sink" : "") + (strided_out ? " strided" : "") +
+           " seed " + std::to_string(seed);
+  }
+};
+
+// A cache on the GPU written by kv_cache_write (a random 70% of its slots), and its bytes on the
+// host for the CPU reference.
+struct TestCache {
+  DeviceBuffer device;
+  KVCache gpu;
+  HostKVCache host;
+  std::vector<int64_t> live;
+
+  TestCache(const CacheSpec& s, Rng& rng)
+      : host(test_layout(s.format, s.page, s.d_qk, s.interleaved, s.pad_bytes), s.num_blocks) {
+    const KVLayout& layout = host.cache.layout;
+    device = DeviceBuffer(host.buffer.bytes());
+    device.fill_bytes(0xFF);
+    gpu = host.cache;
+    gpu.data = device.data();
+    gpu.device = Device::cuda(0);
+    const int d = kv_format_info(layout.format, layout.d_qk).d_qk;
+    for (int64_t slot = 0; slot < host.cache.num_tokens(); ++slot) {
+      if (rng.coin(0.7)) live.push_back(slot);
+    }
+    if (live.empty()) live.push_back(0);
+    std::vector<float> rows;
+    std::vector<int32_t> slots;
+    for (int64_t slot : live) {
+      const std::vector<float> x = random_token(rng, d);
+      rows.insert(rows.end(), x.begin(), x.end());
+      slots.push_back(static_cast<int32_t>(slot));
+    }
+    DeviceBuffer d_rows = to_device(rows), d_slots = to_device(slots);
+    KVCacheWriteArgs w;
+    w.kv = TensorView::contiguous(d_rows.data(), DType::kFP32,
+                                  {static_cast<int64_t>(slots.size()), d}, Device::cuda(0));
+    w.slot_mapping = TensorView::contiguous(d_slots.data(), DType::kInt32,
+                                            {static_cast<int64_t>(slots.size())}, Device::cuda(0));
+    w.cache = gpu;
+    const Status st = kv_cache_write(w);
+    if (!st.ok()) throw std::runtime_error("kv_cache_write: " + st.message());
+    synchronize();
+    device.copy_to_host(host.buffer.data(), host.buffer.bytes());
+  }
+  int64_t num_slots() const { return host.cache.num_tokens(); }
+};
+
+std::vector<int32_t> random_lengths(int64_t b, int64_t topk, bool present, Rng& rng) {
+  std::vector<int32_t> len(b, static_cast<int32_t>(topk));
+  if (!present) return len;
+  for (int64_t i = 0; i < b; ++i) len[i] = static_cast<int32_t>(rng.randint(0, topk));
+  if (b >= 2) len[rng.randint(0, b - 1)] = 0;  // one request attends nothing of this cache
+  if (b >= 3) len[rng.randint(0, b - 1)] = static_cast<int32_t>(topk);
+  return len;
+}
+
+HostTensor random_indices(int64_t b, int64_t s_q, int64_t topk, const TestCache& cache,
+                          const std::vector<int32_t>& counted, bool all_invalid, Rng& rng) {
+  HostTensor t(DType::kInt32, {b, s_q, topk});
+  std::vector<int64_t> dead;
+  for (int64_t slot = 0, k = 0; slot < cache.num_slots(); ++slot) {
+    if (k < static_cast<int64_t>(cache.live.size()) && cache.live[k] == slot) {
+      ++k;
+    } else {
+      dead.push_back(slot);
+    }
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < s_q; ++j) {
+      for (int64_t e = 0; e < topk; ++e) {
+        int64_t v;
+        const double u = rng.uniform(0, 1);
+        if (all_invalid) {
+          const int64_t bad[] = {-1, -5, cache.num_slots(), cache.num_slots() + 7};
+          v = bad[e % 4];
+        } else if (e >= counted[i]) {  // not counted: a NaN slot where there is one
+          v = dead.empty() ? -1 : dead[rng.randint(0, dead.size() - 1)];
+        } else if (u < 0.08) {
+          v = -1;
+        } else if (u < 0.12) {
+          v = -rng.randint(2, 1 << 30);
+        } else if (u < 0.16) {
+          v = cache.num_slots() + rng.randint(0, 1 << 20);
+        } else if (u < 0.26 && e > 0) {
+          v = static_cast<int64_t>(t.get({i, j, rng.randint(0, e - 1)}));  // a duplicate
+        } else {
+          v = cache.live[rng.randint(0, cache.live.size() - 1)];
+        }
+        t.set({i, j, e}, static_cast<double>(v));
+      }
+    }
+  }
+  return t;
+}
+
+HostTensor lengths_tensor(const std::vector<int32_t>& len) {
+  HostTensor t(DType::kInt32, {static_cast<int64_t>(len.size())});
+  for (size_t i = 0; i < len.size(); ++i) t.set({static_cast<int64_t>(i)}, len[i]);
+  return t;
+}
+
+// One problem: host tensors (the CPU reference runs on them) and their device mirrors.
+struct Problem {
+  Case c;
+  Rng rng;
+  TestCache cache;
+  std::optional<TestCache> extra;
+  HostTensor q, indices, extra_indices, topk_length, extra_topk_length, sink, out, lse;
+  SparseDecodeArgs cpu;
+  std::vector<DeviceTensor> device_inputs;  // kept alive for `gpu`
+  DeviceTensor d_out, d_lse;
+  DeviceBuffer workspace;
+  SparseDecodeArgs gpu;
+
+  explicit Problem(const Case& cs) : c(cs), rng(cs.seed), cache(cs.cache, rng) {
+    const int64_t d = kv_format_info(c.cache.format, c.cache.d_qk).d_qk, d_v = 512;
+    q = HostTensor(DType::kBF16, {c.b, c.s_q, c.h_q, d});
+    q.fill_normal(rng, rng.uniform(0.5, 2.0));
+    const std::vector<int32_t> len = random_lengths(c.b, c.topk, c.topk_length, rng);
+    indices = random_indices(c.b, c.s_q, c.topk, cache, len, c.all_invalid, rng);
+    cpu.q = q.view();
+    cpu.k_cache = cache.host.cache;
+    cpu.indices = indices.view();
+    if (c.topk_length) {
+      topk_length = lengths_tensor(len);
+      cpu.topk_length = topk_length.view();
+    }
+    if (c.extra) {
+      extra.emplace(*c.extra, rng);
+      const std::vector<int32_t> elen =
+          random_lengths(c.b, c.extra_topk, c.extra_topk_length, rng);
+      extra_indices = random_indices(c.b, c.s_q, c.extra_topk, *extra, elen, c.all_invalid, rng);
+      cpu.extra_k_cache = extra->host.cache;
+      cpu.extra_indices = extra_indices.view();
+      if (c.extra_topk_length) {
+        extra_topk_length = lengths_tensor(elen);
+        cpu.extra_topk_length = extra_topk_length.view();
+      }
+    }
+    if (c.sink != Sink::kNone) {
+      const float inf = std::numeric_limits<float>::infinity();
+      sink = HostTensor(DType::kFP32, {c.h_q});
+      for (int64_t h = 0; h < c.h_q; ++h) {
+        float v = static_cast<float>(rng.uniform(-2, 6));
+        if (c.sink == Sink::kMixed && h % 3 == 1) v = inf;
+        if (c.sink == Sink::kMixed && h % 3 == 2) v = -inf;
+        sink.set({h}, v);
+      }
+      cpu.attn_sink = sink.view();
+    }
+    if (c.strided_out) {
+      out = HostTensor(DType::kBF16, {c.b, c.s_q, c.h_q, d_v},
+                       {c.s_q * c.h_q * (d_v + 8), c.h_q * (d_v + 8), d_v + 8, 1});
+      lse = HostTensor(DType::kFP32, {c.b, c.h_q, c.s_q}, {c.s_q * c.h_q, 1, c.h_q});
+    } else {
+      out = HostTensor(DType::kBF16, {c.b, c.s_q, c.h_q, d_v});
+      lse = HostTensor(DType::kFP32, {c.b, c.h_q, c.s_q});
+    }
+    out.poison();
+    lse.poison();
+    cpu.out = out.view();
+    cpu.lse = lse.view();
+
+    gpu = cpu;
+    auto dev = [&](const HostTensor& t) {
+      device_inputs.push_back(to_device(t));
+      return device_inputs.back().view;
+    };
+    device_inputs.reserve(8);
+    gpu.q = dev(q);
+    gpu.indices = dev(indices);
+    gpu.k_cache = cache.gpu;
+    if (c.topk_length) gpu.topk_length = dev(topk_length);
+    if (c.extra) {
+      gpu.extra_k_cache = extra->gpu;
+      gpu.extra_indices = dev(extra_indices);
+      if (c.extra_topk_length) gpu.extra_topk_length = dev(extra_topk_length);
+    }
+    if (c.sink != Sink::kNone) gpu.attn_sink = dev(sink);
+    d_out = poisoned_like(out);
+    d_lse = poisoned_like(lse);
+    gpu.out = d_out.view;
+    gpu.lse = d_lse.view;
+    const size_t ws = sparse_decode_workspace_size(Device::cuda(0), static_cast<int>(c.b),
+                                                   static_cast<int>(c.s_q),
+                                                   static_cast<int>(c.h_q), 512);
+    workspace = DeviceBuffer(ws);
+    gpu.workspace = {workspace.data(), ws};
+  }
+};
+
+// An empty host tensor with t's dtype, shape and strides (to copy a device result into).
+HostTensor same_layout(const HostTensor& t) {
+  const TensorView& v = t.view();
+  return HostTensor(v.dtype, std::vector<int64_t>(v.shape, v.shape + v.rank),
+                    std::vector<int64_t>(v.strides, v.strides + v.rank));
+}
+
+void check(const Case& c) {
+  SCOPED_TRACE(c.name());
+  Problem p(c);
+  Status st = sparse_decode(p.cpu);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const std::vector<double> ref_out = p.out.values(), ref_lse = p.lse.values();
+  const Status gst = sparse_decode(p.gpu);
+  ASSERT_TRUE(gst.ok()) << gst.message();
+  ASSERT_TRUE(st.ok()) << st.message();
+  synchronize();
+  HostTensor got_out = same_layout(p.out), got_lse = same_layout(p.lse);
+  copy_to_host(p.d_out, &got_out);
+  copy_to_host(p.d_lse, &got_lse);
+  const std::vector<double> out = got_out.values(), lse = got_lse.values();
+  const double out_err = relative_l2_error(out, ref_out), lse_err = max_lse_error(lse, ref_lse);
+  if (verbose()) std::printf("%s: out %.2e lse %.2e\n", c.name().c_str(), out_err, lse_err);
+  EXPECT_LE(out_err, 1e-2);
+  EXPECT_LE(lse_err, 1e-3);
+  int64_t bad_zeros = 0;
+  for (size_t k = 0; k < ref_out.size(); ++k) bad_zeros += ref_out[k] == 0.0 && out[k] != 0.0;
+  EXPECT_EQ(bad_zeros, 0) << "outputs the reference has exactly 0 (lonely rows, +inf sinks)";
+  EXPECT_EQ(count_written_gaps(got_out), 0);
+  EXPECT_EQ(count_written_gaps(got_lse), 0);
+}
+
+CacheSpec spec(KVFormat f, int d_qk = 576) {
+  CacheSpec s;
+  s.format = f;
+  s.d_qk = d_qk;
+  return s;
+}
+const CacheSpec kFormats[] = {spec(KVFormat::kFP8_V32),    spec(KVFormat::kFP8_Model1),
+                              spec(KVFormat::kFP8_MX),     spec(KVFormat::kFP4),
+                              spec(KVFormat::kBF16, 576),  spec(KVFormat::kBF16, 512)};
+
+// Every format x layout x head count, s_q 1-4, one split and several.
+TEST(SparseDecode, EveryFormatLayoutAndHeadCount) {
+  uint64_t seed = 1000;
+  const int64_t heads[] = {8, 16, 32, 64, 128};
+  for (CacheSpec s : kFormats) {
+    for (bool interleaved : {false, true}) {
+      s.interleaved = interleaved;
+      s.pad_bytes = interleaved ? 80 : 0;
+      s.page = interleaved ? 16 : 64;
+      s.num_blocks = interleaved ? 40 : 10;
+      for (int k = 0; k < 5; ++k) {
+        Case c;
+        c.cache = s;
+        c.h_q = heads[k];
+        c.s_q = 1 + (k + interleaved) % 4;
+        c.b = k % 2 == 0 ? 3 : 40;  // few tokens: split; many: not
+        c.topk = k % 2 == 0 ? 200 : 64 * (1 + k);
+        c.topk_length = k == 3;
+        c.seed = seed++;
+        check(c);
+      }
+    }
+  }
+}
+
+TEST(SparseDecode, TopkLengthSinkAndStridedOutputs) {
+  uint64_t seed = 2000;
+  for (CacheSpec s : {spec(KVFormat::kFP8_V32), spec(KVFormat::kFP8_Model1)}) {
+    for (Sink sink : {Sink::kFinite, Sink::kMixed}) {
+      for (int64_t b : {2, 70}) {
+        Case c;
+        c.cache = s;
+        c.b = b;
+        c.s_q = 2;
+        c.h_q = b == 2 ? 128 : 16;
+        c.topk = 300;
+        c.topk_length = true;
+        c.sink = sink;
+        c.strided_out = true;
+        c.seed = seed++;
+        check(c);
+      }
+    }
+  }
+}
+
+// V4: the main cache and a second one (its own format, page size, indices and lengths) in one
+// softmax; V4.1: fp8_mx main + fp4 extra.
+TEST(SparseDecode, ExtraCache) {
+  struct Pair {
+    KVFormat main, extra;
+    int d_qk;
+  };
+  const Pair pairs[] = {{KVFormat::kFP8_Model1, KVFormat::kFP8_Model1, 512},
+                        {KVFormat::kFP8_MX, KVFormat::kFP4, 512},
+                        {KVFormat::kFP8_Model1, KVFormat::kFP4, 512},
+                        {KVFormat::kFP8_V32, KVFormat::kBF16, 576},
+                        {KVFormat::kBF16, KVFormat::kFP8_MX, 512}};
+  uint64_t seed = 3000;
+  for (const Pair& pr : pairs) {
+    for (bool lengths : {false, true}) {
+      Case c;
+      c.b = lengths ? 4 : 48;
+      c.s_q = 2;
+      c.h_q = lengths ? 64 : 32;
+      c.cache = spec(pr.main, pr.d_qk);
+      c.cache.page = 256;
+      c.cache.num_blocks = 3;
+      c.topk = 128;
+      CacheSpec e = spec(pr.extra, pr.d_qk);
+      e.page = 64;
+      e.num_blocks = 20;
+      c.extra = e;
+      c.extra_topk = lengths ? 1024 : 100;
+      c.topk_length = lengths;
+      c.extra_topk_length = lengths;
+      c.sink = lengths ? Sink::kFinite : Sink::kNone;
+      c.seed = seed++;
+      check(c);
+    }
+  }
+}
+
+// The serving shapes: topk 2048 over a large cache, small batches (split) and large ones.
+TEST(SparseDecode, ServingShapes) {
+  uint64_t seed = 4000;
+  struct Shape {
+    KVFormat f;
+    int64_t b, s_q, h_q;
+  };
+  const Shape shapes[] = {{KVFormat::kFP8_V32, 1, 1, 16},   {KVFormat::kFP8_V32, 8, 1, 16},
+                          {KVFormat::kFP8_Model1, 4, 2, 64}, {KVFormat::kFP8_V32, 16, 1, 128},
+                          {KVFormat::kFP4, 2, 1, 32},        {KVFormat::kFP8_MX, 140, 1, 64}};
+  for (const Shape& s : shapes) {
+    Case c;
+    c.cache = spec(s.f);
+    c.cache.num_blocks = 64;
+    c.b = s.b;
+    c.s_q = s.s_q;
+    c.h_q = s.h_q;
+    c.topk = 2048;
+    c.seed = seed++;
+    check(c);
+  }
+}
+
+TEST(SparseDecode, AllIndicesInvalidIsLonely) {
+  for (int64_t b : {2, 64}) {
+    Case c;
+    c.b = b;
+    c.h_q = 16;
+    c.all_invalid = true;
+    c.sink = Sink::kFinite;
+    c.seed = 5000 + b;
+    check(c);
+  }
+}
+
+// Small shapes of every format, split and not, with an extra cache: also run under memcheck.
+TEST(SparseDecodeSmall, Sanitizer) {
+  uint64_t seed = 6000;
+  for (CacheSpec s : kFormats) {
+    for (bool interleaved : {false, true}) {
+      s.interleaved = interleaved;
+      s.page = 16;
+      s.num_blocks = 5;
+      Case c;
+      c.cache = s;
+      c.b = interleaved ? 2 : 1;
+      c.s_q = 2;
+      c.h_q = interleaved ? 16 : 64;
+      c.topk = 150;
+      c.topk_length = interleaved;
+      if (s.d_qk == 512 || s.format != KVFormat::kBF16) {
+        CacheSpec e = s;
+        e.format = kv_format_info(s.format, s.d_qk).d_qk == 576 ? KVFormat::kBF16 : KVFormat::kFP4;
+        e.d_qk = kv_format_info(s.format, s.d_qk).d_qk;
+        e.num_blocks = 3;
+        c.extra = e;
+        c.extra_topk = 70;
+      }
+      c.seed = seed++;
+      check(c);
+    }
+  }
+}
+
+// A layer loop captured into a CUDA graph and replayed gives what direct calls give.
+TEST(SparseDecode, CudaGraphLayerLoop) {
+  Case c;
+  c.b = 4;
+  c.s_q = 2;
+  c.h_q = 64;
+  c.topk = 512;
+  c.cache = spec(KVFormat::kFP8_Model1);
+  c.cache.num_blocks = 16;
+  c.seed = 7000;
+  Problem p(c);
+  constexpr int kLayers = 3;
+  std::vector<DeviceTensor> outs, lses;
+  for (int l = 0; l < kLayers; ++l) {
+    outs.push_back(poisoned_like(p.out));
+    lses.push_back(poisoned_like(p.lse));
+  }
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  cudaGraph_t graph;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int l = 0; l < kLayers; ++l) {
+    SparseDecodeArgs a = p.gpu;
+    a.out = outs[l].view;
+    a.lse = lses[l].view;
+    const Status st = sparse_decode(a, stream);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check_cuda(cudaGraphLaunch(exec, stream), "launch");
+  check_cuda(cudaGraphLaunch(exec, stream), "launch again");
+  check_cuda(cudaStreamSynchronize(stream), "sync");
+  ASSERT_TRUE(sparse_decode(p.gpu).ok());
+  synchronize();
+  HostTensor direct = same_layout(p.out), direct_lse = same_layout(p.lse);
+  copy_to_host(p.d_out, &direct);
+  copy_to_host(p.d_lse, &direct_lse);
+  for (int l = 0; l < kLayers; ++l) {
+    HostTensor o = same_layout(p.out), s = same_layout(p.lse);
+    copy_to_host(outs[l], &o);
+    copy_to_host(lses[l], &s);
+    EXPECT_EQ(o.values(), direct.values()) << "layer " << l;
+    EXPECT_EQ(s.values(), direct_lse.values()) << "layer " << l;
+  }
+  check_cuda(cudaGraphExecDestroy(exec), "destroy exec");
+  check_cuda(cudaGraphDestroy(graph), "destroy graph");
+  check_cuda(cudaStreamDestroy(stream), "destroy stream");
+}
+
+}  // namespace
+}  // namespace openmla::testing
