@@ -100,11 +100,15 @@ def kernel_groups(prof, expected: int):
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("cat"))
+    # The flush (`zero_()`) shows as a memset or as torch's fill kernel: either separates calls.
+    def is_flush(e):
+        name = e.get("name", "")
+        return e.get("cat") == "gpu_memset" or "fill" in name.lower() or "elementwise" in name
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), is_flush(e))
                    for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset"))
     groups, current = [], []
-    for start, end, cat in spans:
-        if cat == "gpu_memset":
+    for start, end, flush in spans:
+        if flush:
             if current:
                 groups.append(current)
                 current = []

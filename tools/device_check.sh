@@ -320,6 +320,20 @@ else
     run_step "$LOG" "${BENCH_TIMEOUT:-240}" python3 "$ROOT/bench/kernel_time.py"
     if [[ $STEP_RC -eq 0 ]]; then record kernel_time PASS "$STEP_SECONDS"; else
       record kernel_time FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
+    # Sparse decode side by side with FlashMLA (the peer archive, when the caller carried
+    # .peers/; without it the OpenMLA columns alone).
+    PEER_DIR=""
+    shopt -s nullglob
+    peer_archive=("$ROOT"/.peers/flash_mla-*.tar.xz)
+    shopt -u nullglob
+    if [[ ${#peer_archive[@]} -gt 0 ]]; then
+      PEER_DIR="$(mktemp -d)" && tar xJf "${peer_archive[0]}" -C "$PEER_DIR"
+    fi
+    echo "===== bench/sparse_decode_vs_flashmla.py" >>"$LOG"
+    run_step "$LOG" "${BENCH_TIMEOUT:-240}" env PYTHONPATH="$PKG${PEER_DIR:+:$PEER_DIR}" \
+      python3 "$ROOT/bench/sparse_decode_vs_flashmla.py"
+    if [[ $STEP_RC -eq 0 ]]; then record sparse_bench PASS "$STEP_SECONDS" "$(grep -m1 'geometric mean' "$LOG" | cut -c1-120)"; else
+      record sparse_bench FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
   fi
 fi
 
