@@ -103,16 +103,21 @@ struct SparseDecodeArgs {
   DecodeSchedule schedule;      // optional
   TensorView out;               // [b, s_q, h_q, d_v] bf16
   TensorView lse;               // [b, h_q, s_q] fp32 (without the sink)
+  TensorView max_logits;        // optional [b, h_q, s_q] fp32: max scaled logit (-inf: lonely)
   Workspace workspace;
 };
 size_t sparse_decode_workspace_size(Device device, int batch, int s_q, int h_q, int d_v);
 Status sparse_decode(const SparseDecodeArgs& args, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
-// Sparse prefill (DESIGN §2.3).
+// Sparse prefill (DESIGN §2.3). The keys come either from `kv` (bf16 rows) or, straight from an
+// engine's paged cache in any format (dequantised on load, no upconversion pass), from
+// `kv_cache`: then `kv` is empty, h_kv is 1 and indices [s_q, 1, topk] name cache slots
+// block * page_size + offset (invalid: < 0 or >= num_blocks * page_size).
 struct SparsePrefillArgs {
   TensorView q;            // [s_q, h_q, d_qk] bf16, last dim contiguous
-  TensorView kv;           // [s_kv, h_kv, d_qk] bf16, last dim contiguous
+  TensorView kv;           // [s_kv, h_kv, d_qk] bf16, last dim contiguous (or empty, see kv_cache)
+  KVCache kv_cache;        // optional: the keys' paged cache instead of kv
   TensorView indices;      // [s_q, h_kv, topk] int32; invalid: < 0 or >= s_kv
   TensorView topk_length;  // optional [s_q] int32 (clamped to [0, topk])
   TensorView attn_sink;    // optional [h_q] fp32

@@ -193,6 +193,12 @@ Status validate_dense_decode(const DenseDecodeArgs& a, DenseDecodeShape* s) {
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 0, s->batch, op, "lse", "0 (batch)"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 1, s->h_q, op, "lse", "1 (h_q)"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 2, s->s_q, op, "lse", "2 (s_q)"));
+  if (a.max_logits.defined()) {
+    OPENMLA_RETURN_IF_ERROR(check_tensor(a.max_logits, 3, DType::kFP32, dev, op, "max_logits"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 0, s->batch, op, "max_logits", "0 (batch)"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 1, s->h_q, op, "max_logits", "1 (h_q)"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 2, s->s_q, op, "max_logits", "2 (s_q)"));
+  }
   OPENMLA_RETURN_IF_ERROR(check_schedule(a.schedule, s->batch, dev, op));
   s->softmax_scale = resolve_scale(a.softmax_scale, s->d_qk);
 
@@ -305,13 +311,27 @@ Status validate_sparse_prefill(const SparsePrefillArgs& a, SparsePrefillShape* s
   OPENMLA_RETURN_IF_ERROR(check_d_qk(s->d_qk, op, "q"));
   OPENMLA_RETURN_IF_ERROR(check_d_v(a.d_v, op));
 
-  OPENMLA_RETURN_IF_ERROR(check_tensor(a.kv, 3, DType::kBF16, dev, op, "kv"));
-  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.kv, op, "kv"));
-  OPENMLA_RETURN_IF_ERROR(check_dim(a.kv, 2, s->d_qk, op, "kv", "2 (d_qk, as q)"));
-  s->s_kv = a.kv.shape[0];
-  s->h_kv = a.kv.shape[1];
-  if (s->h_kv < 1 || s->h_q % s->h_kv != 0) {
-    return invalid(op, "kv: expected h_kv (dim 1) >= 1 dividing h_q = ", s->h_q, ", got ", s->h_kv);
+  if (a.kv_cache.defined()) {
+    // Keys straight from a paged cache: one kv head, indices name cache slots.
+    if (a.kv.defined()) return invalid(op, "kv: given together with kv_cache (pass one of them)");
+    OPENMLA_RETURN_IF_ERROR(check_cache(a.kv_cache, dev, op, "kv_cache"));
+    const KVFormatInfo info = kv_format_info(a.kv_cache.layout.format, a.kv_cache.layout.d_qk);
+    if (info.d_qk != s->d_qk) {
+      return invalid(op, "kv_cache: format ", kv_format_name(info.format), " holds d_qk ",
+                     info.d_qk, " but q has d_qk ", s->d_qk);
+    }
+    s->s_kv = a.kv_cache.num_tokens();
+    s->h_kv = 1;
+  } else {
+    OPENMLA_RETURN_IF_ERROR(check_tensor(a.kv, 3, DType::kBF16, dev, op, "kv"));
+    OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.kv, op, "kv"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.kv, 2, s->d_qk, op, "kv", "2 (d_qk, as q)"));
+    s->s_kv = a.kv.shape[0];
+    s->h_kv = a.kv.shape[1];
+    if (s->h_kv < 1 || s->h_q % s->h_kv != 0) {
+      return invalid(op, "kv: expected h_kv (dim 1) >= 1 dividing h_q = ", s->h_q, ", got ",
+                     s->h_kv);
+    }
   }
   OPENMLA_RETURN_IF_ERROR(check_tensor(a.indices, 3, DType::kInt32, dev, op, "indices"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.indices, 0, s->s_q, op, "indices", "0 (s_q)"));

@@ -91,6 +91,10 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
       const int64_t offset = i * out.strides[0] + j * out.strides[1] + h * out.strides[2];
       store_floats(DType::kBF16, o.data(), d_v, out.data_as<uint16_t>() + offset, out.strides[3]);
       lse.data_as<float>()[i * lse.strides[0] + h * lse.strides[1] + j * lse.strides[2]] = res.lse;
+      if (const TensorView& ml = args.max_logits; ml.defined()) {
+        ml.data_as<float>()[i * ml.strides[0] + h * ml.strides[1] + j * ml.strides[2]] =
+            res.max_logit;
+      }
     }
   }
   return Status::Ok();

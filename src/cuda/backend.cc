@@ -15,6 +15,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/sm90/dense_decode/launch.h"
 #include "cuda/sm90/sparse_decode/launch.h"
+#include "cuda/sm90/sparse_prefill/launch.h"
 
 namespace openmla::cuda {
 namespace {
@@ -26,7 +27,8 @@ constexpr int kSupportedArch = 90;
 // kernel family adds its operation here when it wires its launcher below.
 constexpr const char* kOpsWithKernels =
     "dense_decode (bf16/fp16, d_qk 576/512), sparse_decode (bf16, fp8_v32, fp8_model1, fp8_mx, "
-    "fp4 caches, d_v 512), merge_attention_states, kv_cache_write, "
+    "fp4 caches, d_v 512), sparse_prefill (bf16 kv or any cache format, d_v 512), "
+    "merge_attention_states, kv_cache_write, "
     "kv_cache_gather, kv_cache_convert, plan_decode_schedule";
 
 Status cuda_error(const char* op, const char* call, cudaError_t err) {
@@ -94,12 +96,6 @@ Status require_sm90(const char* op, Device device, int* arch) {
   return Status::Ok();
 }
 
-Status not_implemented(const char* op, const std::string& asked, int arch) {
-  return Status::NotImplemented(
-      std::string(op) + ": no CUDA kernel for this device yet (asked: " + asked + " on sm_" +
-      std::to_string(arch) + "); today the CUDA backend runs: " + kOpsWithKernels);
-}
-
 // Makes the operation's device current for the call and restores the caller's one after, so a
 // launch lands on the device the tensors live on.
 class DeviceGuard {
@@ -126,11 +122,6 @@ class DeviceGuard {
  private:
   int previous_ = -1;
 };
-
-std::string cache_string(const KVCache& cache) {
-  return core::str_cat(kv_format_name(cache.layout.format), " cache (d_qk ", cache.layout.d_qk,
-                       ", page_size ", cache.layout.page_size, ")");
-}
 
 // Checks that `device` is an SM90 GPU, makes it current for the call, then runs `launch`.
 template <typename Launch>
@@ -188,17 +179,15 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
   });
 }
 
+size_t sparse_prefill_workspace_size(int device_index, int s_q, int h_q, int d_v) {
+  return sm90::sparse_prefill_workspace_size(device_index, s_q, h_q, d_v);
+}
+
 Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
-                      Stream /*stream*/) {
-  constexpr const char* kOp = "sparse_prefill";
-  int arch = 0;
-  OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-  std::string asked = core::str_cat("q ", dtype_name(args.q.dtype), " ", args.q.shape_string(),
-                                    ", kv ", args.kv.shape_string(), ", topk ", shape.topk,
-                                    ", d_v ", shape.d_v);
-  if (args.attn_sink.defined()) asked += ", attn_sink";
-  if (args.topk_length.defined()) asked += ", topk_length";
-  return not_implemented(kOp, asked, arch);
+                      Stream stream) {
+  return on_sm90("sparse_prefill", shape.device, [&] {
+    return sm90::sparse_prefill(args, shape, static_cast<cudaStream_t>(stream));
+  });
 }
 
 Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,

@@ -13,6 +13,7 @@ size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q
 size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v);
 Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
                      Stream stream);
+size_t sparse_prefill_workspace_size(int device_index, int s_q, int h_q, int d_v);
 Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
                       Stream stream);
 Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,

@@ -126,6 +126,13 @@ inline void copy_to_host(const DeviceTensor& device, HostTensor* host) {
   device.buffer.copy_to_host(host->view().data, storage_bytes(*host));
 }
 
+// An empty host tensor with t's dtype, shape and strides (to copy a device result into).
+inline HostTensor same_layout(const HostTensor& t) {
+  const TensorView& v = t.view();
+  return HostTensor(v.dtype, std::vector<int64_t>(v.shape, v.shape + v.rank),
+                    std::vector<int64_t>(v.strides, v.strides + v.rank));
+}
+
 inline void synchronize() { check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 // --- the Hopper check --------------------------------------------------------------------------

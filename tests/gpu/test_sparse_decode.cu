@@ -17,20 +17,12 @@
 #include <vector>
 
 #include "common/test_data.h"
+#include "gpu/gpu_kv_cache.h"
 #include "gpu/gpu_test_util.h"
 #include "openmla/openmla.h"
 
 namespace openmla::testing {
 namespace {
-
-struct CacheSpec {
-  KVFormat format = KVFormat::kFP8_V32;
-  int d_qk = 576;  // bf16 only; the other formats fix it
-  bool interleaved = false;
-  int page = 64;
-  int64_t num_blocks = 8;
-  int64_t pad_bytes = 0;
-};
 
 enum class Sink { kNone, kFinite, kMixed };
 
@@ -58,49 +50,6 @@ struct Case {
            (sink != Sink::kNone ? " +sink" : "") + (strided_out ? " strided" : "") +
            " seed " + std::to_string(seed);
   }
-};
-
-// A cache on the GPU written by kv_cache_write (a random 70% of its slots), and its bytes on the
-// host for the CPU reference.
-struct TestCache {
-  DeviceBuffer device;
-  KVCache gpu;
-  HostKVCache host;
-  std::vector<int64_t> live;
-
-  TestCache(const CacheSpec& s, Rng& rng)
-      : host(test_layout(s.format, s.page, s.d_qk, s.interleaved, s.pad_bytes), s.num_blocks) {
-    const KVLayout& layout = host.cache.layout;
-    device = DeviceBuffer(host.buffer.bytes());
-    device.fill_bytes(0xFF);
-    gpu = host.cache;
-    gpu.data = device.data();
-    gpu.device = Device::cuda(0);
-    const int d = kv_format_info(layout.format, layout.d_qk).d_qk;
-    for (int64_t slot = 0; slot < host.cache.num_tokens(); ++slot) {
-      if (rng.coin(0.7)) live.push_back(slot);
-    }
-    if (live.empty()) live.push_back(0);
-    std::vector<float> rows;
-    std::vector<int32_t> slots;
-    for (int64_t slot : live) {
-      const std::vector<float> x = random_token(rng, d);
-      rows.insert(rows.end(), x.begin(), x.end());
-      slots.push_back(static_cast<int32_t>(slot));
-    }
-    DeviceBuffer d_rows = to_device(rows), d_slots = to_device(slots);
-    KVCacheWriteArgs w;
-    w.kv = TensorView::contiguous(d_rows.data(), DType::kFP32,
-                                  {static_cast<int64_t>(slots.size()), d}, Device::cuda(0));
-    w.slot_mapping = TensorView::contiguous(d_slots.data(), DType::kInt32,
-                                            {static_cast<int64_t>(slots.size())}, Device::cuda(0));
-    w.cache = gpu;
-    const Status st = kv_cache_write(w);
-    if (!st.ok()) throw std::runtime_error("kv_cache_write: " + st.message());
-    synchronize();
-    device.copy_to_host(host.buffer.data(), host.buffer.bytes());
-  }
-  int64_t num_slots() const { return host.cache.num_tokens(); }
 };
 
 std::vector<int32_t> random_lengths(int64_t b, int64_t topk, bool present, Rng& rng) {
@@ -246,13 +195,6 @@ struct Problem {
     gpu.workspace = {workspace.data(), ws};
   }
 };
-
-// An empty host tensor with t's dtype, shape and strides (to copy a device result into).
-HostTensor same_layout(const HostTensor& t) {
-  const TensorView& v = t.view();
-  return HostTensor(v.dtype, std::vector<int64_t>(v.shape, v.shape + v.rank),
-                    std::vector<int64_t>(v.strides, v.strides + v.rank));
-}
 
 void check(const Case& c) {
   SCOPED_TRACE(c.name());

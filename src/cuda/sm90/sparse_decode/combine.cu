@@ -16,7 +16,7 @@ namespace {
 __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
     const __grid_constant__ SparseDecodeParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  const int h = blockIdx.x, token = blockIdx.y;
+  const int h = blockIdx.x, token = p.token0 + blockIdx.y;
   const int i = token / p.s_q, j = token - i * p.s_q;
   const int64_t row = static_cast<int64_t>(token) * p.h_q + h;
   const int64_t split_stride = static_cast<int64_t>(p.tokens) * p.h_q;
@@ -45,14 +45,22 @@ __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
               (i * p.out_stride_b + j * p.out_stride_s + h * p.out_stride_h + 4 * threadIdx.x) * 2;
   reinterpret_cast<__nv_bfloat162*>(out)[0] = lo;
   reinterpret_cast<__nv_bfloat162*>(out)[1] = hi;
-  if (threadIdx.x == 0) p.lse[i * p.lse_stride_b + h * p.lse_stride_h + j * p.lse_stride_s] = lse;
+  if (threadIdx.x == 0) {
+    p.lse[i * p.lse_stride_b + h * p.lse_stride_h + j * p.lse_stride_s] = lse;
+    if (p.max_logits != nullptr) {
+      float m = -INFINITY;
+      for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.max_partial[s * split_stride + row]);
+      p.max_logits[i * p.max_logits_stride_b + h * p.max_logits_stride_h +
+                   j * p.max_logits_stride_s] = m;
+    }
+  }
 }
 
 }  // namespace
 
 cudaError_t launch_sparse_decode_combine(const SparseDecodeParams& params, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(params.h_q, params.tokens);
+  config.gridDim = dim3(params.h_q, min(params.tokens - params.token0, 65535));
   config.blockDim = dim3(128);
   config.stream = stream;
   cudaLaunchAttribute attribute[1];

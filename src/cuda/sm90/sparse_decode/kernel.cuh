@@ -136,6 +136,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   clear(tOrO);
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
+  float m_true[2] = {-INFINITY, -INFINITY};  // the exact row max (m_run is lazy), for max_logits
 
   if (wg == 0) {
     load_q<Traits>(p, smem, i, j, m_block, t);
@@ -174,6 +175,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float mx = quad_max(row_reduce<true>(S, r));
+        m_true[r] = fmaxf(m_true[r], mx);
         const float m_new = lazy_max(m_run[r], mx, max_thr);
         base[r] = max_base(m_new, sl2);
         factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
@@ -227,10 +229,17 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     for (int r = 0; r < 2; ++r) {
       const int h = m_block * 64 + row_of[r];
       if (h >= p.h_q) continue;
+      const float max_logit = m_true[r] == -INFINITY ? -INFINITY : m_true[r] * p.scale;
       if (single) {
         p.lse[i * p.lse_stride_b + h * p.lse_stride_h + j * p.lse_stride_s] = lse[r];
+        if (p.max_logits != nullptr) {
+          p.max_logits[i * p.max_logits_stride_b + h * p.max_logits_stride_h +
+                       j * p.max_logits_stride_s] = max_logit;
+        }
       } else {
-        p.lse_partial[(static_cast<int64_t>(split) * p.tokens + token) * p.h_q + h] = lse[r];
+        const int64_t at = (static_cast<int64_t>(split) * p.tokens + token) * p.h_q + h;
+        p.lse_partial[at] = lse[r];
+        if (p.max_logits != nullptr) p.max_partial[at] = max_logit;
       }
     }
   }
@@ -293,7 +302,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   Storage& smem =
       *reinterpret_cast<Storage*>(smem_raw + (((smem_base + 1023u) & ~1023u) - smem_base));
-  const int m_block = blockIdx.x, split = blockIdx.y, token = blockIdx.z;
+  const int m_block = blockIdx.x, split = blockIdx.y, token = params.token0 + blockIdx.z;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
@@ -326,7 +335,8 @@ cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaSt
     return err;
   }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(params.m_blocks, params.num_splits, params.tokens);
+  config.gridDim = dim3(params.m_blocks, params.num_splits,
+                       min(params.tokens - params.token0, 65535));
   config.blockDim = dim3(Traits::kNumThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;

@@ -58,10 +58,11 @@ Plan plan_splits(int sms, int64_t ctas, int64_t max_tiles) {
   return {static_cast<int>((max_tiles + tps - 1) / tps), tps};
 }
 
+// o_partial, lse_partial, max_partial (params.h).
 size_t partial_bytes(int64_t splits, int64_t tokens, int64_t h_q, int64_t d_v) {
   if (splits <= 1) return 0;
   return align_up(sizeof(float) * splits * tokens * h_q * d_v) +
-         align_up(sizeof(float) * splits * tokens * h_q);
+         2 * align_up(sizeof(float) * splits * tokens * h_q);
 }
 
 int codec_of(KVFormat format) {
@@ -119,11 +120,80 @@ Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c)
 
 }  // namespace
 
+// What the kernel's loads and stores need of q and out beyond core validation (rank 3 or 4, the
+// last dim contiguous): q 16-byte rows, out bf16 pairs.
+Status check_q_out(const char* op, const TensorView& q, const TensorView& out) {
+  for (int d = 0; d + 1 < q.rank; ++d) {
+    if (q.shape[d] > 1 && q.strides[d] % 8 != 0) {
+      return Status::NotImplemented(core::str_cat(
+          op, ": q: the CUDA kernel loads 16-byte rows; expected strides that are multiples of 8 "
+          "elements, got stride ", q.strides[d], " in dim ", d));
+    }
+  }
+  if (reinterpret_cast<uintptr_t>(q.data) % 16 != 0) {
+    return Status::NotImplemented(core::str_cat(op, ": q: expected a 16-byte aligned address"));
+  }
+  for (int d = 0; d + 1 < out.rank; ++d) {
+    if (out.shape[d] > 1 && out.strides[d] % 2 != 0) {
+      return Status::NotImplemented(core::str_cat(
+          op, ": out: the CUDA kernel stores bf16 pairs; expected even strides, got stride ",
+          out.strides[d], " in dim ", d));
+    }
+  }
+  if (reinterpret_cast<uintptr_t>(out.data) % 4 != 0) {
+    return Status::NotImplemented(core::str_cat(op, ": out: expected a 4-byte aligned address"));
+  }
+  return Status::Ok();
+}
+
+Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c) {
+  return cache_params(cache, arg, c);
+}
+
+size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q) {
+  if (tokens <= 0 || h_q <= 0) return 0;
+  return partial_bytes(max_splits(num_sms(device_index), ctas), tokens, h_q, 512);
+}
+
 size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v) {
   if (batch <= 0 || s_q <= 0 || h_q <= 0 || d_v <= 0) return 0;
   const int64_t tokens = static_cast<int64_t>(batch) * s_q;
-  const int64_t ctas = tokens * ((h_q + 63) / 64);
-  return partial_bytes(max_splits(num_sms(device_index), ctas), tokens, h_q, d_v);
+  return sparse_workspace_bytes(device_index, tokens, tokens * ((h_q + 63) / 64), h_q);
+}
+
+Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
+                               const Workspace& workspace, int device_index, cudaStream_t stream,
+                               const char* op) {
+  p.m_blocks = (p.h_q + 63) / 64;
+  if (p.tokens == 0) return Status::Ok();
+  const Plan plan =
+      plan_splits(num_sms(device_index), static_cast<int64_t>(p.tokens) * p.m_blocks, max_tiles);
+  p.num_splits = plan.num_splits;
+  p.tiles_per_split = plan.tiles_per_split;
+  if (p.num_splits > 1) {
+    const size_t need = partial_bytes(p.num_splits, p.tokens, p.h_q, 512);
+    if (workspace.bytes < need || workspace.data == nullptr) {
+      return Status::InvalidArgument(core::str_cat(
+          op, ": workspace: expected at least ", need, " bytes (", op,
+          "_workspace_size), got ", workspace.bytes));
+    }
+    char* ws = static_cast<char*>(workspace.data);
+    const size_t o_bytes = align_up(sizeof(float) * p.num_splits * p.tokens * p.h_q * 512);
+    const size_t l_bytes = align_up(sizeof(float) * p.num_splits * p.tokens * p.h_q);
+    p.o_partial = reinterpret_cast<float*>(ws);
+    p.lse_partial = reinterpret_cast<float*>(ws + o_bytes);
+    p.max_partial = reinterpret_cast<float*>(ws + o_bytes + l_bytes);
+  }
+  for (p.token0 = 0; p.token0 < p.tokens; p.token0 += 65535) {
+    cudaError_t err = d_qk == 576 ? launch_sparse_decode_kernel<576>(p, stream)
+                                  : launch_sparse_decode_kernel<512>(p, stream);
+    if (err == cudaSuccess && p.num_splits > 1) err = launch_sparse_decode_combine(p, stream);
+    if (err != cudaSuccess) {
+      return Status::CudaError(core::str_cat(op, ": launch failed: ", cudaGetErrorName(err), " (",
+                                             cudaGetErrorString(err), ")"));
+    }
+  }
+  return Status::Ok();
 }
 
 Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
@@ -136,23 +206,9 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
     return invalid("indices: topk ", shape.topk, " / extra_topk ", shape.extra_topk,
                    " above the kernel's 2^24");
   }
-  const TensorView& out = args.out;
-  if (reinterpret_cast<uintptr_t>(out.data) % 4 != 0 || out.strides[0] % 2 != 0 ||
-      out.strides[1] % 2 != 0 || out.strides[2] % 2 != 0) {
-    return Status::NotImplemented(core::str_cat(
-        "sparse_decode: out: the CUDA kernel stores bf16 pairs; expected a 4-byte aligned "
-        "tensor with even strides, got strides [",
-        out.strides[0], ", ", out.strides[1], ", ", out.strides[2], ", 1]"));
-  }
+  OPENMLA_RETURN_IF_ERROR(check_q_out("sparse_decode", args.q, args.out));
   const TensorView& q = args.q;
-  if (reinterpret_cast<uintptr_t>(q.data) % 16 != 0 || q.strides[0] % 8 != 0 ||
-      q.strides[1] % 8 != 0 || q.strides[2] % 8 != 0) {
-    return Status::NotImplemented(core::str_cat(
-        "sparse_decode: q: the CUDA kernel loads 16-byte rows; expected a 16-byte aligned "
-        "tensor with strides multiples of 8, got strides [",
-        q.strides[0], ", ", q.strides[1], ", ", q.strides[2], ", 1]"));
-  }
-
+  const TensorView& out = args.out;
   SparseDecodeParams p = {};
   p.q = q.data;
   p.q_stride_b = q.strides[0];
@@ -166,6 +222,12 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
   p.lse_stride_b = args.lse.strides[0];
   p.lse_stride_h = args.lse.strides[1];
   p.lse_stride_s = args.lse.strides[2];
+  if (args.max_logits.defined()) {
+    p.max_logits = args.max_logits.data_as<float>();
+    p.max_logits_stride_b = args.max_logits.strides[0];
+    p.max_logits_stride_h = args.max_logits.strides[1];
+    p.max_logits_stride_s = args.max_logits.strides[2];
+  }
   OPENMLA_RETURN_IF_ERROR(cache_params(args.k_cache, "k_cache", &p.cache[0]));
   p.indices[0] = args.indices.data_as<const int32_t>();
   p.indices_stride_b[0] = args.indices.strides[0];
@@ -195,41 +257,12 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
   p.s_q = static_cast<int>(shape.s_q);
   p.h_q = static_cast<int>(shape.h_q);
   p.tokens = p.batch * p.s_q;
-  p.m_blocks = (p.h_q + 63) / 64;
   p.scale = shape.softmax_scale;
   p.scale_log2 = shape.softmax_scale * 1.4426950408889634f;
-  if (p.tokens == 0) return Status::Ok();
-  if (p.tokens > 65535) {
-    return Status::NotImplemented(core::str_cat("sparse_decode: batch * s_q = ", p.tokens,
-                                                " query tokens; the CUDA kernel takes 65535"));
-  }
-
   const int64_t max_tiles = (shape.topk + kKeysPerTile - 1) / kKeysPerTile +
                             (shape.extra_topk + kKeysPerTile - 1) / kKeysPerTile;
-  const Plan plan =
-      plan_splits(num_sms(shape.device.index), static_cast<int64_t>(p.tokens) * p.m_blocks, max_tiles);
-  p.num_splits = plan.num_splits;
-  p.tiles_per_split = plan.tiles_per_split;
-  if (p.num_splits > 1) {
-    const size_t need = partial_bytes(p.num_splits, p.tokens, p.h_q, 512);
-    if (args.workspace.bytes < need || args.workspace.data == nullptr) {
-      return invalid("workspace: expected at least ", need,
-                     " bytes (sparse_decode_workspace_size), got ", args.workspace.bytes);
-    }
-    char* ws = static_cast<char*>(args.workspace.data);
-    p.o_partial = reinterpret_cast<float*>(ws);
-    p.lse_partial = reinterpret_cast<float*>(
-        ws + align_up(sizeof(float) * p.num_splits * p.tokens * p.h_q * 512));
-  }
-
-  cudaError_t err = shape.d_qk == 576 ? launch_sparse_decode_kernel<576>(p, stream)
-                                      : launch_sparse_decode_kernel<512>(p, stream);
-  if (err == cudaSuccess && p.num_splits > 1) err = launch_sparse_decode_combine(p, stream);
-  if (err != cudaSuccess) {
-    return Status::CudaError(std::string("sparse_decode: launch failed: ") +
-                             cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-  }
-  return Status::Ok();
+  return launch_sparse_attention(p, static_cast<int>(shape.d_qk), max_tiles, args.workspace,
+                                 shape.device.index, stream, "sparse_decode");
 }
 
 }  // namespace openmla::cuda::sm90

@@ -21,7 +21,22 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
 // Bytes of workspace sparse_decode needs on device `device_index` (fp32 split partials).
 size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v);
 
+// --- shared with sparse prefill (src/cuda/sm90/sparse_prefill), which runs this kernel with one
+// query token per problem ---
 struct SparseDecodeParams;
+struct SparseCacheParams;
+// q 16-byte rows and out bf16 pairs (NotImplemented naming the argument otherwise).
+Status check_q_out(const char* op, const TensorView& q, const TensorView& out);
+// A cache's descriptor for the producer; NotImplemented for formats the kernel does not read.
+Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c);
+// Workspace for `tokens` query tokens of h_q heads when the grid has `ctas` CTAs unsplit.
+size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q);
+// Plans the splits of `p` (q/out/lse, caches, indices, tokens, h_q and scales filled), lays out
+// the partials in `workspace`, launches the kernel and the combine.
+Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
+                               const Workspace& workspace, int device_index, cudaStream_t stream,
+                               const char* op);
+
 template <int kHeadDimQK>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream);
 cudaError_t launch_sparse_decode_combine(const SparseDecodeParams& params, cudaStream_t stream);

@@ -27,6 +27,8 @@ struct SparseDecodeParams {
   int64_t out_stride_b, out_stride_s, out_stride_h;
   float* lse;  // [b, h_q, s_q]
   int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+  float* max_logits;  // optional [b, h_q, s_q]: the max scaled logit (sparse prefill's output)
+  int64_t max_logits_stride_b, max_logits_stride_h, max_logits_stride_s;
 
   // The main cache (0) and the optional extra cache (1), each with its indices [b, s_q, topk]
   // and optional lengths [b]; topk[1] = 0 without an extra cache.
@@ -45,9 +47,11 @@ struct SparseDecodeParams {
   // split's row sum), lse_partial [num_splits, tokens, h_q] (-inf: the split saw no key).
   float* o_partial;
   float* lse_partial;
+  float* max_partial;  // [num_splits, tokens, h_q] (with max_logits)
 
   int batch, s_q, h_q;
   int tokens;           // batch * s_q: one query token is one problem (its own indices)
+  int token0;           // the first token of this launch (grids of at most 65535 tokens)
   int m_blocks;         // ceil(h_q / 64)
   int num_splits;       // the grid's y
   int tiles_per_split;  // 64-key tiles of a token each split walks

@@ -40,11 +40,11 @@ struct SparseDecodeTraits {
 
   static constexpr int kNumThreads = 384;
   static constexpr int kVHalfDims = kHeadDimV / 2;
-  // setmaxnreg: WG0 (S, P and half of O) 224, WG1 (half of O and P) 176, the producer 104:
+  // setmaxnreg: WG0 (S, P and half of O) 232, WG1 (half of O and P) 176, the producer 96:
   // 504 per thread slot = the 384 x 168 the CTA launches with.
-  static constexpr int kWg0Registers = 224;
+  static constexpr int kWg0Registers = 232;
   static constexpr int kWg1Registers = 176;
-  static constexpr int kProducerRegisters = 104;
+  static constexpr int kProducerRegisters = 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;

@@ -1,0 +1,272 @@
+// SM90 sparse prefill (the sparse attention kernel run with one query token per problem) against
+// the CPU backend, through the public API, on fresh random data: bf16 kv with one or two kv
+// heads, every head count and both d_qk; indices mixing valid rows, duplicates, -1 and rows at
+// or past s_kv; topk_length 0 and partial; sinks finite and ±inf; s_kv smaller than topk; s_q 1
+// and odd s_q; and the kv_cache variant (keys straight from a paged cache of every format).
+// Outputs start poisoned; tolerances as sparse decode's. *Small* tests also run under memcheck.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/test_data.h"
+#include "gpu/gpu_kv_cache.h"
+#include "gpu/gpu_test_util.h"
+#include "openmla/openmla.h"
+
+namespace openmla::testing {
+namespace {
+
+struct PrefillCase {
+  int64_t s_q = 7, s_kv = 300, h_q = 64, h_kv = 1, d_qk = 576, topk = 128;
+  bool topk_length = false;
+  int sink = 0;  // 0 none, 1 finite, 2 finite/+inf/-inf by head
+  std::optional<CacheSpec> cache;  // the kv_cache variant (then s_kv, h_kv, d_qk from it)
+  uint64_t seed = 1;
+  std::string name() const {
+    return "s_q " + std::to_string(s_q) + " h_q " + std::to_string(h_q) + " h_kv " +
+           std::to_string(h_kv) + " d " + std::to_string(d_qk) + " s_kv " + std::to_string(s_kv) +
+           " topk " + std::to_string(topk) + (topk_length ? " +len" : "") +
+           (sink ? " +sink" : "") +
+           (cache ? std::string(" cache ") + kv_format_name(cache->format) : "") + " seed " +
+           std::to_string(seed);
+  }
+};
+
+struct PrefillProblem {
+  PrefillCase c;
+  Rng rng;
+  std::optional<TestCache> cache;
+  HostTensor q, kv, indices, topk_length, sink, out, max_logits, lse;
+  SparsePrefillArgs cpu, gpu;
+  std::vector<DeviceTensor> device_inputs;
+  DeviceTensor d_out, d_max, d_lse;
+  DeviceBuffer workspace;
+
+  explicit PrefillProblem(const PrefillCase& cs) : c(cs), rng(cs.seed) {
+    int64_t num_keys = c.s_kv;
+    if (c.cache) {
+      cache.emplace(*c.cache, rng);
+      c.d_qk = kv_format_info(c.cache->format, c.cache->d_qk).d_qk;
+      c.h_kv = 1;
+      num_keys = cache->num_slots();
+    }
+    q = HostTensor(DType::kBF16, {c.s_q, c.h_q, c.d_qk});
+    q.fill_normal(rng, rng.uniform(0.5, 2.0));
+    if (!c.cache) {
+      kv = HostTensor(DType::kBF16, {c.s_kv, c.h_kv, c.d_qk});
+      kv.fill_normal(rng, 1.0);
+    }
+    indices = HostTensor(DType::kInt32, {c.s_q, c.h_kv, c.topk});
+    for (int64_t s = 0; s < c.s_q; ++s) {
+      for (int64_t g = 0; g < c.h_kv; ++g) {
+        for (int64_t e = 0; e < c.topk; ++e) {
+          const double u = rng.uniform(0, 1);
+          int64_t v;
+          if (u < 0.08) {
+            v = -1;
+          } else if (u < 0.12) {
+            v = num_keys + rng.randint(0, 100);  // at or past the end
+          } else if (u < 0.2 && e > 0) {
+            v = static_cast<int64_t>(indices.get({s, g, rng.randint(0, e - 1)}));
+          } else if (cache) {
+            v = cache->live[rng.randint(0, cache->live.size() - 1)];
+          } else {
+            v = rng.randint(0, num_keys - 1);
+          }
+          indices.set({s, g, e}, static_cast<double>(v));
+        }
+      }
+    }
+    cpu.q = q.view();
+    if (cache) {
+      cpu.kv_cache = cache->host.cache;
+    } else {
+      cpu.kv = kv.view();
+    }
+    cpu.indices = indices.view();
+    if (c.topk_length) {
+      topk_length = HostTensor(DType::kInt32, {c.s_q});
+      for (int64_t s = 0; s < c.s_q; ++s) {
+        topk_length.set({s}, static_cast<double>(s == 0 ? 0 : rng.randint(0, c.topk)));
+      }
+      cpu.topk_length = topk_length.view();
+    }
+    if (c.sink) {
+      sink = HostTensor(DType::kFP32, {c.h_q});
+      const double inf = std::numeric_limits<double>::infinity();
+      for (int64_t h = 0; h < c.h_q; ++h) {
+        double v = rng.uniform(-2, 6);
+        if (c.sink == 2 && h % 3 == 1) v = inf;
+        if (c.sink == 2 && h % 3 == 2) v = -inf;
+        sink.set({h}, v);
+      }
+      cpu.attn_sink = sink.view();
+    }
+    out = HostTensor(DType::kBF16, {c.s_q, c.h_q, 512});
+    max_logits = HostTensor(DType::kFP32, {c.s_q, c.h_q});
+    lse = HostTensor(DType::kFP32, {c.s_q, c.h_q});
+    out.poison();
+    max_logits.poison();
+    lse.poison();
+    cpu.out = out.view();
+    cpu.max_logits = max_logits.view();
+    cpu.lse = lse.view();
+
+    gpu = cpu;
+    device_inputs.reserve(6);
+    auto dev = [&](const HostTensor& t) {
+      device_inputs.push_back(to_device(t));
+      return device_inputs.back().view;
+    };
+    gpu.q = dev(q);
+    if (cache) {
+      gpu.kv_cache = cache->gpu;
+    } else {
+      gpu.kv = dev(kv);
+    }
+    gpu.indices = dev(indices);
+    if (c.topk_length) gpu.topk_length = dev(topk_length);
+    if (c.sink) gpu.attn_sink = dev(sink);
+    d_out = poisoned_like(out);
+    d_max = poisoned_like(max_logits);
+    d_lse = poisoned_like(lse);
+    gpu.out = d_out.view;
+    gpu.max_logits = d_max.view;
+    gpu.lse = d_lse.view;
+    const size_t ws = sparse_prefill_workspace_size(Device::cuda(0), static_cast<int>(c.s_q),
+                                                    static_cast<int>(c.h_q), 512);
+    workspace = DeviceBuffer(ws);
+    gpu.workspace = {workspace.data(), ws};
+  }
+};
+
+void check(const PrefillCase& c) {
+  SCOPED_TRACE(c.name());
+  PrefillProblem p(c);
+  const Status st = sparse_prefill(p.cpu);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const Status gst = sparse_prefill(p.gpu);
+  ASSERT_TRUE(gst.ok()) << gst.message();
+  synchronize();
+  HostTensor out = same_layout(p.out), ml = same_layout(p.max_logits), lse = same_layout(p.lse);
+  copy_to_host(p.d_out, &out);
+  copy_to_host(p.d_max, &ml);
+  copy_to_host(p.d_lse, &lse);
+  const std::vector<double> ref = p.out.values(), got = out.values();
+  const double out_err = relative_l2_error(got, ref);
+  const double lse_err = max_lse_error(lse.values(), p.lse.values());
+  const double ml_err = max_lse_error(ml.values(), p.max_logits.values());
+  if (verbose()) {
+    std::printf("%s: out %.2e lse %.2e max_logits %.2e\n", c.name().c_str(), out_err, lse_err,
+                ml_err);
+  }
+  EXPECT_LE(out_err, 1e-2);
+  EXPECT_LE(lse_err, 1e-3);
+  EXPECT_LE(ml_err, 1e-3);
+  int64_t bad_zeros = 0;
+  for (size_t k = 0; k < ref.size(); ++k) bad_zeros += ref[k] == 0.0 && got[k] != 0.0;
+  EXPECT_EQ(bad_zeros, 0);
+}
+
+TEST(SparsePrefill, HeadCountsKvHeadsAndDims) {
+  uint64_t seed = 100;
+  for (int64_t d : {576, 512}) {
+    for (int64_t h_q : {16, 32, 64, 128}) {
+      for (int64_t h_kv : {1, 2}) {
+        PrefillCase c;
+        c.d_qk = d;
+        c.h_q = h_q;
+        c.h_kv = h_kv;
+        c.s_q = h_q == 128 ? 37 : 9;
+        c.topk = h_kv == 1 ? 256 : 100;
+        c.seed = seed++;
+        check(c);
+      }
+    }
+  }
+}
+
+TEST(SparsePrefill, LengthsSinksAndShortKv) {
+  uint64_t seed = 200;
+  for (int sink : {1, 2}) {
+    for (int64_t s_kv : {40, 5000}) {
+      PrefillCase c;
+      c.s_kv = s_kv;  // 40 < topk: most entries repeat rows or are invalid
+      c.topk = 192;
+      c.topk_length = true;
+      c.sink = sink;
+      c.s_q = 1 + sink * 10;
+      c.seed = seed++;
+      check(c);
+    }
+  }
+}
+
+TEST(SparsePrefill, LargeTopk) {
+  PrefillCase c;
+  c.s_q = 64;
+  c.s_kv = 8192;
+  c.h_q = 128;
+  c.topk = 2048;
+  c.seed = 300;
+  check(c);
+}
+
+TEST(SparsePrefill, StraightFromEveryCacheFormat) {
+  uint64_t seed = 400;
+  const KVFormat formats[] = {KVFormat::kFP8_V32, KVFormat::kFP8_Model1, KVFormat::kFP8_MX,
+                              KVFormat::kFP4, KVFormat::kBF16};
+  for (KVFormat f : formats) {
+    for (int64_t h_q : {16, 128}) {
+      PrefillCase c;
+      CacheSpec s;
+      s.format = f;
+      s.d_qk = f == KVFormat::kBF16 ? 512 : 576;
+      s.num_blocks = 12;
+      c.cache = s;
+      c.h_q = h_q;
+      c.s_q = h_q == 16 ? 3 : 21;
+      c.topk = 320;
+      c.topk_length = h_q == 16;
+      c.sink = h_q == 16 ? 1 : 0;
+      c.seed = seed++;
+      check(c);
+    }
+  }
+}
+
+TEST(SparsePrefillSmall, Sanitizer) {
+  uint64_t seed = 500;
+  for (int64_t h_kv : {1, 2}) {
+    PrefillCase c;
+    c.s_q = 3;
+    c.s_kv = 70;
+    c.h_q = 32;
+    c.h_kv = h_kv;
+    c.topk = 100;
+    c.topk_length = true;
+    c.sink = 1;
+    c.seed = seed++;
+    check(c);
+  }
+  PrefillCase c;
+  CacheSpec s;
+  s.format = KVFormat::kFP8_Model1;
+  s.page = 16;
+  s.num_blocks = 4;
+  c.cache = s;
+  c.s_q = 2;
+  c.h_q = 16;
+  c.topk = 90;
+  c.seed = seed++;
+  check(c);
+}
+
+}  // namespace
+}  // namespace openmla::testing
