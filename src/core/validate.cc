@@ -193,12 +193,6 @@ Status validate_dense_decode(const DenseDecodeArgs& a, DenseDecodeShape* s) {
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 0, s->batch, op, "lse", "0 (batch)"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 1, s->h_q, op, "lse", "1 (h_q)"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 2, s->s_q, op, "lse", "2 (s_q)"));
-  if (a.max_logits.defined()) {
-    OPENMLA_RETURN_IF_ERROR(check_tensor(a.max_logits, 3, DType::kFP32, dev, op, "max_logits"));
-    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 0, s->batch, op, "max_logits", "0 (batch)"));
-    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 1, s->h_q, op, "max_logits", "1 (h_q)"));
-    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 2, s->s_q, op, "max_logits", "2 (s_q)"));
-  }
   OPENMLA_RETURN_IF_ERROR(check_schedule(a.schedule, s->batch, dev, op));
   s->softmax_scale = resolve_scale(a.softmax_scale, s->d_qk);
 
@@ -289,6 +283,12 @@ Status validate_sparse_decode(const SparseDecodeArgs& a, SparseDecodeShape* s) {
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 0, s->batch, op, "lse", "0 (batch)"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 1, s->h_q, op, "lse", "1 (h_q)"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, 2, s->s_q, op, "lse", "2 (s_q)"));
+  if (a.max_logits.defined()) {
+    OPENMLA_RETURN_IF_ERROR(check_tensor(a.max_logits, 3, DType::kFP32, dev, op, "max_logits"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 0, s->batch, op, "max_logits", "0 (batch)"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 1, s->h_q, op, "max_logits", "1 (h_q)"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.max_logits, 2, s->s_q, op, "max_logits", "2 (s_q)"));
+  }
   OPENMLA_RETURN_IF_ERROR(check_schedule(a.schedule, s->batch, dev, op));
   s->softmax_scale = resolve_scale(a.softmax_scale, s->d_qk);
   return Status::Ok();

@@ -60,15 +60,6 @@ void expect_contains(const std::string& message, const std::string& part) {
   EXPECT_NE(message.find(part), std::string::npos) << "\"" << part << "\" not in: " << message;
 }
 
-void expect_not_implemented(const Status& st, const std::string& op) {
-  EXPECT_EQ(st.code(), StatusCode::kNotImplemented)
-      << status_code_name(st.code()) << ": " << st.message();
-  expect_contains(st.message(), op + ":");
-  expect_contains(st.message(), "asked:");
-  expect_contains(st.message(), "sm_90");
-  expect_contains(st.message(), "today the CUDA backend runs: ");
-}
-
 void expect_invalid_argument(const Status& st, const std::string& arg) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument)
       << status_code_name(st.code()) << ": " << st.message();
