@@ -410,7 +410,7 @@ TEST(DenseDecodeSmall, CorruptedScheduleStaysInBounds) {
 
 // Scores ~8x wider than unit-variance data: tile maxima differ by more than the lazy max's
 // threshold (2^8), so the running max moves inside requests, in either warpgroup first, and O's
-// rescales (skipped while a warp's factors are all 1) must run (softmax.cuh lazy_max,
+// rescales (skipped while a warp's factors are all 1) must run (attention/softmax.cuh lazy_max,
 // rescale_rows_if).
 TEST(DenseDecode, WideScoresMoveTheRunningMax) {
   uint64_t seed = 70;

@@ -1,8 +1,8 @@
 // SM90 dense MLA decode: two TMA producer warps + two wgmma warpgroups in a software-pipelined
 // seesaw. Design, numbers and tuning history: NOTES.md. Compile-time choices: traits.h. This file
-// holds the compute warpgroups' loop, the kernel and its launch; the pieces they use live beside
-// it: producer.cuh (TMA refills, Q), mma.cuh, softmax.cuh, mask.cuh, fragments.cuh (P exchange,
-// output stores), primitives.cuh, trace.cuh.
+// holds the compute warpgroups' loop, the kernel and its launch; the family's own pieces live
+// beside it (producer.cuh: TMA refills, Q; trace.cuh), the shared ones in ../attention/
+// (mma.cuh, softmax.cuh, mask.cuh, fragments.cuh: P exchange, output stores; primitives.cuh).
 //
 // Grid (m_blocks, h_kv, num_sm_parts), 384 threads, one CTA per SM. CTA (m, g, w) serves query
 // rows [64 m, 64 m + 64) of kv head g for every request piece of schedule worker w; a request
@@ -38,19 +38,20 @@
 
 #include "core/schedule.h"
 #include "cuda/common/smem_opt_in.h"
-#include "cuda/sm90/dense_decode/fragments.cuh"
+#include "cuda/sm90/attention/fragments.cuh"
+#include "cuda/sm90/attention/mask.cuh"
+#include "cuda/sm90/attention/mma.cuh"
+#include "cuda/sm90/attention/primitives.cuh"
+#include "cuda/sm90/attention/softmax.cuh"
 #include "cuda/sm90/dense_decode/launch.h"
-#include "cuda/sm90/dense_decode/mask.cuh"
-#include "cuda/sm90/dense_decode/mma.cuh"
 #include "cuda/sm90/dense_decode/params.h"
-#include "cuda/sm90/dense_decode/primitives.cuh"
 #include "cuda/sm90/dense_decode/producer.cuh"
-#include "cuda/sm90/dense_decode/softmax.cuh"
 #include "cuda/sm90/dense_decode/trace.cuh"
 #include "cuda/sm90/dense_decode/traits.h"
 
 namespace openmla::cuda::sm90 {
 namespace dense_decode_detail {
+using namespace attention;  // the shared device pieces (src/cuda/sm90/attention/)
 
 // ---------------------------------------------------------------------------------------------
 // Compute warpgroups.

@@ -10,12 +10,13 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "cuda/sm90/attention/primitives.cuh"
 #include "cuda/sm90/dense_decode/params.h"
-#include "cuda/sm90/dense_decode/primitives.cuh"
 #include "cuda/sm90/dense_decode/trace.cuh"
 
 namespace openmla::cuda::sm90 {
 namespace dense_decode_detail {
+using namespace attention;  // the shared device pieces (src/cuda/sm90/attention/)
 
 // The key range one worker walks in request r.
 struct RequestPiece {
