@@ -21,6 +21,7 @@ namespace {
 
 using sm90::attention::cuda_error;
 using sm90::attention::DeviceFacts;
+using sm90::attention::DeviceGuard;
 
 // UnsupportedDevice unless `device` is an SM90 GPU (sm90/attention/launch.h); fills its arch for
 // the messages.
@@ -37,33 +38,6 @@ Status not_implemented(const char* op, const std::string& asked, int arch) {
       std::string(op) + ": no CUDA kernel for this device yet (asked: " + asked + " on sm_" +
       std::to_string(arch) + "); today the CUDA backend runs: " + sm90::attention::supported_ops());
 }
-
-// Makes the operation's device current for the call and restores the caller's one after, so a
-// launch lands on the device the tensors live on.
-class DeviceGuard {
- public:
-  DeviceGuard() = default;
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  ~DeviceGuard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  Status enter(const char* op, int device_index) {
-    int current = 0;
-    if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
-      return cuda_error(op, "cudaGetDevice", err);
-    }
-    if (current == device_index) return Status::Ok();
-    if (cudaError_t err = cudaSetDevice(device_index); err != cudaSuccess) {
-      return cuda_error(op, "cudaSetDevice", err);
-    }
-    previous_ = current;
-    return Status::Ok();
-  }
-
- private:
-  int previous_ = -1;
-};
 
 std::string cache_string(const KVCache& cache) {
   return core::str_cat(kv_format_name(cache.layout.format), " cache (d_qk ", cache.layout.d_qk,

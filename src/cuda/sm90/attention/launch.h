@@ -35,6 +35,33 @@ constexpr int kSupportedArch = 90;
 // facts for the caller's messages and launch geometry.
 Status require_sm90(const char* op, Device device, DeviceFacts* facts);
 
+// Makes the operation's device current for the call and restores the caller's one after, so a
+// launch lands on the device the tensors live on.
+class DeviceGuard {
+ public:
+  DeviceGuard() = default;
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~DeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  Status enter(const char* op, int device_index) {
+    int current = 0;
+    if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
+      return cuda_error(op, "cudaGetDevice", err);
+    }
+    if (current == device_index) return Status::Ok();
+    if (cudaError_t err = cudaSetDevice(device_index); err != cudaSuccess) {
+      return cuda_error(op, "cudaSetDevice", err);
+    }
+    previous_ = current;
+    return Status::Ok();
+  }
+
+ private:
+  int previous_ = -1;
+};
+
 // --- TMA descriptors ---------------------------------------------------------------------------
 
 // The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link needed), or null.

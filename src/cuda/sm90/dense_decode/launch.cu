@@ -2,6 +2,7 @@
 // core validation, lays out the workspace, plans the schedule when none is given, encodes the
 // paged cache's TMA map and launches decode + combine.
 #include "cuda/sm90/dense_decode/launch.h"
+#include "cuda/sm90/dense_decode/tuning.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -134,11 +135,6 @@ cudaError_t launch_kernel(DType dtype, int64_t d_qk, const DenseDecodeParams& pa
 
 }  // namespace
 
-DenseDecodeTuning& dense_decode_tuning() {
-  static DenseDecodeTuning tuning;
-  return tuning;
-}
-
 size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int h_kv, int d_v,
                                     int num_sm_parts) {
   return workspace_layout(batch, s_q, h_q, h_kv, d_v, num_sm_parts).total;
@@ -152,8 +148,11 @@ size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q
   return dense_decode_workspace_bytes(batch, s_q, h_q, h_kv, d_v, parts);
 }
 
-Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
-                    cudaStream_t stream) {
+namespace {
+
+// The launch proper, with `tuning`'s settings (the production entry passes the defaults).
+Status launch_dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
+                           const DenseDecodeTuning& tuning, cudaStream_t stream) {
   if (shape.batch == 0) return Status::Ok();
   // The device is an SM90 GPU (the backend checked, attention::require_sm90); its SM count is
   // read once per process.
@@ -242,7 +241,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   }
 
   const int m_blocks = static_cast<int>((shape.s_q * (shape.h_q / shape.h_kv) + 63) / 64);
-  const DenseDecodeTuning& tuning = dense_decode_tuning();
   const int promotion = tuning.l2_promotion >= 0 ? tuning.l2_promotion : (m_blocks == 1 ? 128 : 256);
   OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, promotion, &params.tma_k));
   params.q_tma = tuning.q_tma != 0 &&
@@ -335,6 +333,25 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   combine.loads_batched = tuning.combine_batched != 0;
   return cuda_error(kOp, "combine launch",
                     launch_decode_combine(combine, args.q.dtype, stream, tuning.combine_pdl != 0));
+}
+
+}  // namespace
+
+Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
+                    cudaStream_t stream) {
+  static constexpr DenseDecodeTuning kMeasuredBest{};
+  return launch_dense_decode(args, shape, kMeasuredBest, stream);
+}
+
+Status dense_decode_with_tuning(const DenseDecodeArgs& args, const DenseDecodeTuning& tuning,
+                                cudaStream_t stream) {
+  core::DenseDecodeShape shape;
+  OPENMLA_RETURN_IF_ERROR(core::validate_dense_decode(args, &shape));
+  attention::DeviceFacts facts;
+  OPENMLA_RETURN_IF_ERROR(attention::require_sm90(kOp, shape.device, &facts));
+  attention::DeviceGuard guard;
+  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
+  return launch_dense_decode(args, shape, tuning, stream);
 }
 
 }  // namespace openmla::cuda::sm90
