@@ -111,8 +111,9 @@ struct DenseDecodeTraits {
     float2 max0[128];
     float4 stats1[128];
     float row_sum[2][kBlockM];  // per compute warpgroup, exchanged in the epilogue
-    // The CTA's schedule row {begin_request, begin_token, end_request, end_token, begin_split},
-    // read where it is used: held in registers across the walk, it was spilled.
+    // The CTA's schedule row, indexed by core::ScheduleField {begin_request, begin_token,
+    // end_request, end_token, begin_split}, read where it is used: held in registers across the
+    // walk, it was spilled.
     int range[5];
     alignas(8) uint64_t full[kStages][kNumPieces];  // TMA landed, per (stage, piece)
     uint64_t empty[kStages][kNumParts];             // the part's last reader is done
