@@ -13,7 +13,8 @@
 namespace openmla::cuda::sm90::attention {
 
 // Dense decode: one kernel a (q / k_cache dtype, d_qk), each in its own
-// dense_decode/instantiations/dense_decode_<dtype>_d<d_qk>_sm90.cu.
+// dense_decode/instantiations/dense_decode_<dtype>_d<d_qk>_sm90.cu (configuring fails when that
+// folder and this list differ: cmake/cuda_kernels.cmake).
 // X(DType enumerator, CuTe element type, d_qk)
 #define OPENMLA_SM90_DENSE_DECODE_KERNELS(X) \
   X(kBF16, cute::bfloat16_t, 576)            \
