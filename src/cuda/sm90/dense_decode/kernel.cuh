@@ -122,7 +122,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // epilogue, or, where the output goes out through Q's buffer (p.out_tma), once its stores
   // have read it. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
   // request boundary; issued earlier, by the producer warps right after the last QK^T, or
-  // prefetched into L2, it measured no better: NOTES.md session 8.)
+  // prefetched into L2, it measured no better: NOTES.md, ideas 29 and 33.)
   const int warp = thread / 32;  // 0-7 over both warpgroups
   const bool q_issuer = p.q_tma && lane == 0 && warp < p.q_issuers;
   auto load_q_tma = [&](int r) {

@@ -116,11 +116,11 @@ __device__ __forceinline__ void store_out_tma(const DenseDecodeParams& p,
 // back, in the stage's part order. (One
 // thread issuing both stages in a fixed order waited for the part handed back last while the
 // others sat free; a producer warp holding block ids ahead or prefetching into L2 measured no
-// better: NOTES.md v3, v5c, v8.)
+// better: NOTES.md, ideas 3, 7, 10.)
 
 // A thread issuing TMA keeps only a few boxes in flight: one thread streams ~32 GB/s into an SM
 // from DRAM (~42 from L2) however many slots are free, two threads in two warps twice that
-// (openmla_bench_tma_stream, NOTES.md v10). So each stage's pieces are issued by two warps.
+// (openmla_bench_tma_stream, NOTES.md, idea 13). So each stage's pieces are issued by two warps.
 constexpr int kIssuersPerStage = 2;
 
 // One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`, each

@@ -38,7 +38,7 @@ struct DenseDecodeTraits {
   static constexpr int kPartL = 0, kPartR = 1, kPartRope = 2;
   static constexpr int kNumParts = kNumPieces > kNumVPieces ? 3 : 2;
   // The order in which a stage's parts are refilled and then read by QK^T: the order they are
-  // handed back (NOTES.md v9). Stage 0: RoPE (WG1 has read P0 from it), V left (WG0's PV on
+  // handed back (NOTES.md, idea 12). Stage 0: RoPE (WG1 has read P0 from it), V left (WG0's PV on
   // the tile, issued right after its softmax), V right (WG1's PV, run under its next QK^T).
   // Stage 1: RoPE (WG0 has read P1), V right (WG1's PV right after its softmax), V left (WG0's
   // PV, run under its next QK^T).

@@ -18,7 +18,7 @@ struct DenseDecodeTuning {
   // KV loads' L2 hint: 1 evict-first, 0 normal, -1 by m-blocks and request length: evict-first
   // where several m-blocks read each tile (session 11: h_q 128 L 1024 -5.5%, longer -0.5-0.8%);
   // with one, evict-first for requests shorter than evict_normal_from keys and normal for the
-  // others (same-run A/B, NOTES.md session 6).
+  // others (same-run A/B, NOTES.md, idea 20).
   int evict_first = -1;
   int evict_normal_from = 2048;
   // Diagnostics: nonzero replaces both KV hints above by this L2 policy (an opaque createpolicy
@@ -26,7 +26,7 @@ struct DenseDecodeTuning {
   unsigned long long kv_cache_hint = 0;
   // The cache map's L2 promotion in bytes: 0 (none), 64, 128, 256; -1: 128 where one m-block
   // reads each tile (memory-bound: 1-3% faster), 256 where several do (2% faster at s_q 2,
-  // h_q 128), as the sweep measured (NOTES.md v10).
+  // h_q 128), as the sweep measured (NOTES.md, idea 15).
   int l2_promotion = -1;
   // Q by TMA (one thread, issued for the next request during the current one's epilogue) where
   // the head group divides 64 or 64 divides it (1), or always by the compute threads' loads (0).
