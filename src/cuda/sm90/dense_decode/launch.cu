@@ -2,7 +2,6 @@
 // core validation, lays out the workspace, plans the schedule when none is given, encodes the
 // paged cache's TMA map and launches decode + combine.
 #include "cuda/sm90/dense_decode/launch.h"
-#include "cuda/sm90/dense_decode/tuning.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -20,6 +19,7 @@
 #include "cuda/sm90/attention/launch.h"
 #include "cuda/sm90/attention/supported.h"
 #include "cuda/sm90/dense_decode/params.h"
+#include "cuda/sm90/dense_decode/tuning.h"
 
 namespace openmla::cuda::sm90 {
 namespace {
