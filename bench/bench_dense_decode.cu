@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cuda/sm90/dense_decode/launch.h"
+#include "cuda/sm90/dense_decode/tuning.h"
 #include "gpu_clock_sampler.h"
 #include "l2_state.cuh"
 #include "openmla/ops.h"
@@ -189,6 +190,11 @@ double g_last_plan_us = 0;  // run_shape: the schedule planner's back-to-back me
 // The cache's page size (keys a block): 64 unless OPENMLA_BENCH_KNOBS says page=8|16|32|128|...
 // (the same bytes in blocks of page keys; engines ask for small pages, FlashMLA's is 64).
 int g_page = 64;
+// The launch settings of every decode below (tuning.h): the production defaults unless
+// OPENMLA_BENCH_KNOBS or a sweep column changes them; launched through
+// cuda::sm90::dense_decode_with_tuning, the diagnostic entry (the production one takes none).
+cuda::sm90::DenseDecodeTuning g_tuning;
+Status decode(const DenseDecodeArgs& a) { return cuda::sm90::dense_decode_with_tuning(a, g_tuning); }
 
 struct Buffers {
   void* kv = nullptr;
@@ -276,25 +282,25 @@ double run_shape(const Shape& s, Buffers& buf, double copy_gbs, double gemm, std
   a.workspace = {ws, ws_bytes};
 
   Timer t;
-  for (int i = 0; i < 3; ++i) check(dense_decode(a), "dense_decode");
+  for (int i = 0; i < 3; ++i) check(decode(a), "dense_decode");
   check(cudaDeviceSynchronize(), "warm-up");
   std::vector<double> flushed, b2b;
   g_clock.start();
   for (int i = 0; i < 15; ++i) {
     flush_l2();
-    flushed.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
+    flushed.push_back(t.time([&] { check(decode(a), "dense_decode"); }));
   }
   g_last_clock = g_clock.stop();
-  for (int i = 0; i < 15; ++i) b2b.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
+  for (int i = 0; i < 15; ++i) b2b.push_back(t.time([&] { check(decode(a), "dense_decode"); }));
   // The decode kernel alone (flushed; no combine, so split requests' outputs stay unwritten):
   // how much of the time the combine takes.
   std::vector<double> main_only;
-  auto& tuning = cuda::sm90::dense_decode_tuning();
+  auto& tuning = g_tuning;
   const int skip_before = tuning.skip_combine;
   tuning.skip_combine = 1;
   for (int i = 0; i < 15; ++i) {
     flush_l2();
-    main_only.push_back(t.time([&] { check(dense_decode(a), "dense_decode"); }));
+    main_only.push_back(t.time([&] { check(decode(a), "dense_decode"); }));
   }
   tuning.skip_combine = skip_before;
   check(cudaDeviceSynchronize(), "bench");
@@ -424,12 +430,12 @@ void print_requests(const long long* trace_d, int pairs) {
 
 }  // namespace
 
-// OPENMLA_BENCH_KNOBS="name=value,...": kernel knobs (launch.h DenseDecodeTuning) for the whole
+// OPENMLA_BENCH_KNOBS="name=value,...": kernel knobs (tuning.h DenseDecodeTuning) for the whole
 // run, so one binary serves a same-run A/B of knob settings (tools/ab_dense_decode.sh knobs).
 bool apply_knobs() {
   const char* knobs = std::getenv("OPENMLA_BENCH_KNOBS");
   if (knobs == nullptr) return true;
-  auto& tuning = cuda::sm90::dense_decode_tuning();
+  auto& tuning = g_tuning;
   std::string list(knobs);
   size_t at = 0;
   while (at < list.size()) {
@@ -523,8 +529,8 @@ int main() {
                                3 * cuda::sm90::kTraceRequests * cuda::sm90::kTraceRequestEvents);
       check(cudaMalloc(&trace_d, bytes), "malloc trace");
       check(cudaMemset(trace_d, 0, bytes), "memset trace");
-      cuda::sm90::dense_decode_tuning().trace = trace_d;
-      cuda::sm90::dense_decode_tuning().trace_pairs = trace_pairs;
+      g_tuning.trace = trace_d;
+      g_tuning.trace_pairs = trace_pairs;
     }
     const Shape shape{b, s_q, h_q, std::vector<int>(b, len), std::to_string(len), 0.0};
     run_shape(shape, one, 4200.0, 780.0, rng);
@@ -548,11 +554,11 @@ int main() {
   fill(buf.kv, buf.kv_blocks * 64 * 576, 7);
   check(cudaDeviceSynchronize(), "fill");
 
-  // Knob sweep (launch.h DenseDecodeTuning) on a few shapes, then the grid at the defaults.
+  // Knob sweep (tuning.h DenseDecodeTuning) on a few shapes, then the grid at the defaults.
   // OPENMLA_BENCH_NO_SWEEP=1: the grid alone.
   const bool sweep = std::getenv("OPENMLA_BENCH_NO_SWEEP") == nullptr;
   std::mt19937 sweep_rng(99);
-  auto& tuning = cuda::sm90::dense_decode_tuning();
+  auto& tuning = g_tuning;
   const int sweep_shapes[][3] = {{1, 16, 8192}, {1, 64, 4096}, {1, 128, 4096}, {1, 16, 1024},
                                  {1, 128, 1024}, {2, 128, 8192}};
   // Columns: the defaults, then the KV loads' L2 hint flipped (evict-first is the default where

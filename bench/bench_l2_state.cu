@@ -2,7 +2,7 @@
 // kernel that does nothing but the loads pays besides its bytes.
 //
 // The dense decode kernel pays ~19-21 µs at h_q 16 that do not scale with the KV (b 128: 52 µs at
-// 1024 keys, +33 per 1024 more; dense_decode NOTES.md, session 18). Part of it may be the flush:
+// 1024 keys, +33 per 1024 more; dense_decode NOTES.md at a9319d7, session 18). Part of it may be the flush:
 // ANCHORS.md's flush (an 8 GiB memset) leaves ~50 MB of dirty lines in the L2, which the timed
 // kernel's loads write back to DRAM as they evict them. This benchmark streams the kernel's KV
 // tiles alone, as its producers do, after three L2 states, with each L2 policy on the loads:

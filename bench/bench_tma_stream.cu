@@ -8,7 +8,7 @@
 // from L2 (256 blocks shared by all). Last, the small-page boxes (64 dims x 16 or 8 keys, 2 or
 // 1 KB, one a (page, piece) as the kernel loads pages under 64 keys) from DRAM, by how many
 // threads issue and how many are in flight: whether a box count or a byte count caps the stream.
-// NOTES.md (dense_decode, v9, session 18) says what the figures decided.
+// NOTES.md (dense_decode at a9319d7, v9, session 18) says what the figures decided.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>

@@ -40,3 +40,30 @@ set(OPENMLA_CUDA_FLAGS
     -lineinfo)
 target_compile_options(openmla_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${OPENMLA_CUDA_FLAGS}>)
 target_compile_options(openmla_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${OPENMLA_HOST_WARNINGS}>)
+
+# The dense decode instantiations are exactly the kernels src/cuda/sm90/attention/supported.h
+# declares (OPENMLA_SM90_DENSE_DECODE_KERNELS, which also drives the dispatch and its messages):
+# one instantiations/dense_decode_<dtype>_d<d_qk>_sm90.cu per X(dtype, element, d_qk) entry.
+file(READ ${PROJECT_SOURCE_DIR}/src/cuda/sm90/attention/supported.h _supported_h)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             ${PROJECT_SOURCE_DIR}/src/cuda/sm90/attention/supported.h)
+# The macro's body: continuation lines joined, then its #define line.
+string(REPLACE "\\\n" " " _supported_h "${_supported_h}")
+string(REGEX MATCH "#define OPENMLA_SM90_DENSE_DECODE_KERNELS[^\n]*" _dense_decode_macro
+       "${_supported_h}")
+string(REGEX MATCHALL "X\\(k[A-Z0-9]+, [^,)]+, [0-9]+\\)" _dense_decode_entries
+       "${_dense_decode_macro}")
+set(_dense_decode_expected)
+foreach(_entry IN LISTS _dense_decode_entries)
+  string(REGEX MATCH "X\\(k([A-Z0-9]+), [^,]+, ([0-9]+)\\)" _match "${_entry}")
+  string(TOLOWER "${CMAKE_MATCH_1}" _dtype)
+  list(APPEND _dense_decode_expected "dense_decode_${_dtype}_d${CMAKE_MATCH_2}_sm90.cu")
+endforeach()
+set(_dense_decode_dir ${PROJECT_SOURCE_DIR}/src/cuda/sm90/dense_decode/instantiations)
+file(GLOB _dense_decode_files RELATIVE ${_dense_decode_dir} CONFIGURE_DEPENDS ${_dense_decode_dir}/*.cu)
+list(SORT _dense_decode_expected)
+list(SORT _dense_decode_files)
+if(NOT _dense_decode_expected STREQUAL _dense_decode_files)
+  message(FATAL_ERROR "dense decode: src/cuda/sm90/attention/supported.h declares the kernels "
+                      "${_dense_decode_expected} but instantiations/ holds ${_dense_decode_files}")
+endif()

@@ -89,4 +89,37 @@ struct KVCache {
 // lacks are ignored.
 Status check_kv_layout(const KVLayout& layout, const char* arg);
 
+// --- a cache from the array that holds it (src/core/kv_cache_infer.cc) ------------------------
+// What a binding (python/src/convert.cc) or a C++ caller holding a framework's tensor needs to
+// make a KVCache: its format and layout worked out from the array's shape, strides and element
+// type, with every check that array must pass.
+
+// How the array stores its elements: raw bytes (uint8, int8 or any float8 dtype) or the plain
+// 16-bit values of a bf16 / fp16 cache.
+enum class CacheArrayElement { kBytes, kBF16, kFP16 };
+
+// The array a cache lives in, as a framework describes it. Shape and strides count elements;
+// strides of an empty array (numpy 2 gives all zeros) are ignored.
+struct CacheArray {
+  void* data = nullptr;
+  Device device;
+  CacheArrayElement element = CacheArrayElement::kBytes;
+  int rank = 0;
+  const int64_t* shape = nullptr;
+  const int64_t* strides = nullptr;
+};
+
+enum class KVLayoutKind { kDefault, kInterleaved };  // default_kv_layout / interleaved_kv_layout
+
+// The KVCache held by `array`, shaped [num_blocks, page_size, 1, bytes_per_token] (or without the
+// kv-head dim):
+// - format: a bf16 / fp16 array holds the plain format of its dtype (d_qk = its last dim;
+//   `format`, if given, must name that one); a byte array holds `format` when given (its last dim
+//   must be that format's bytes per token), else the format its bytes per token name;
+// - layout: `layout`'s, with the array's block stride, and for a plain cache its token stride too
+//   (a quantised cache's tokens must be packed inside a block).
+// InvalidArgument "op: arg: ..." naming what was expected and what the array has.
+Status infer_kv_cache(const CacheArray& array, std::optional<KVFormat> format, KVLayoutKind layout,
+                      const char* op, const char* arg, KVCache* cache);
+
 }  // namespace openmla

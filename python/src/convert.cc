@@ -4,6 +4,7 @@
 
 #include <string>
 
+
 namespace openmla::python {
 namespace {
 
@@ -155,114 +156,44 @@ KVFormat parse_format(const std::string& name, const char* op, const char* arg) 
   return *format;
 }
 
-KVLayout make_layout(KVFormat format, int page_size, int d_qk, const std::string& layout_name,
-                     const char* op, const char* arg) {
-  if (layout_name == "default") return default_kv_layout(format, page_size, d_qk);
-  if (layout_name == "interleaved") return interleaved_kv_layout(format, page_size, d_qk);
+KVLayoutKind parse_layout(const std::string& layout_name, const char* op, const char* arg) {
+  if (layout_name == "default") return KVLayoutKind::kDefault;
+  if (layout_name == "interleaved") return KVLayoutKind::kInterleaved;
   throw_value_error(where(op, arg) + "unknown KV layout '" + layout_name +
                     "' (expected 'default' or 'interleaved')");
 }
 
+KVLayout make_layout(KVFormat format, int page_size, int d_qk, const std::string& layout_name,
+                     const char* op, const char* arg) {
+  return parse_layout(layout_name, op, arg) == KVLayoutKind::kInterleaved
+             ? interleaved_kv_layout(format, page_size, d_qk)
+             : default_kv_layout(format, page_size, d_qk);
+}
+
+// The array's element type here (DLPack); its format, layout and every check: infer_kv_cache.
 KVCache to_kv_cache(const Array& array, const std::optional<std::string>& format_name,
                     const std::string& layout_name, const char* op, const char* arg) {
   const nb::dlpack::dtype dt = array.dtype();
-  const bool bytes = is_byte_dtype(dt);
   const std::optional<DType> dtype = to_dtype(dt);
   const bool plain = dtype && (*dtype == DType::kBF16 || *dtype == DType::kFP16);
-  if (!bytes && !plain) {
+  if (!is_byte_dtype(dt) && !plain) {
     throw_type_error(where(op, arg) + "unsupported dtype " + dlpack_dtype_name(dt) +
                      " for a KV cache (expected uint8/int8/float8 bytes, bf16 or fp16)");
   }
-  const int rank = static_cast<int>(array.ndim());
-  const int64_t* shape = array.shape_ptr();
-  if (rank != 3 && rank != 4) {
-    throw_value_error(where(op, arg) +
-                      "expected shape [num_blocks, page_size, 1, bytes_per_token] (or "
-                      "[num_blocks, page_size, bytes_per_token]), got " +
-                      std::to_string(rank) + " dimensions");
-  }
-  if (rank == 4 && shape[2] != 1) {
-    throw_value_error(where(op, arg) + "expected one kv head (size 1 in dim 2), got " +
-                      std::to_string(shape[2]));
-  }
-  const int64_t num_blocks = shape[0], page_size = shape[1], last = shape[rank - 1];
-  if (page_size < 1) throw_value_error(where(op, arg) + "expected page_size (dim 1) >= 1, got 0");
-  // An empty cache (no blocks) gets the strides of a packed one: numpy 2 reports all zeros.
-  int64_t strides[4];
-  for (int d = rank - 1; d >= 0; --d) {
-    const int64_t packed = d == rank - 1 ? 1 : strides[d + 1] * shape[d + 1];
-    strides[d] = num_blocks > 0 ? array.stride_ptr()[d] : packed;
-  }
-  for (int d = 0; d < rank; ++d) {
-    if (strides[d] < 0) throw_value_error(where(op, arg) + "negative strides are not supported");
-  }
-  const int64_t itemsize = static_cast<int64_t>(array.itemsize());
-  if (last > 1 && strides[rank - 1] != 1) {
-    throw_value_error(where(op, arg) +
-                      "the last dimension must be contiguous (stride 1), got "
-                      "stride " +
-                      std::to_string(strides[rank - 1]));
-  }
-
-  KVFormat format;
-  int d_qk = 576;
-  if (plain) {
-    format = *dtype == DType::kBF16 ? KVFormat::kBF16 : KVFormat::kFP16;
-    d_qk = static_cast<int>(last);
-    if (format_name && parse_format(*format_name, op, arg) != format) {
-      throw_value_error(where(op, arg) + "format '" + *format_name + "' given for a " +
-                        dtype_name(*dtype) + " array (" + dtype_name(*dtype) +
-                        " arrays hold the plain " + kv_format_name(format) + " format)");
-    }
-  } else if (format_name) {
-    format = parse_format(*format_name, op, arg);
-    if (format == KVFormat::kBF16 || format == KVFormat::kFP16) d_qk = static_cast<int>(last / 2);
-    const int64_t expected = kv_format_info(format, d_qk).bytes_per_token;
-    if (last != expected) {
-      throw_value_error(where(op, arg) + "format " + kv_format_name(format) + " has " +
-                        std::to_string(expected) + " bytes per token, but the last dimension is " +
-                        std::to_string(last));
-    }
-  } else {
-    const std::optional<KVFormat> inferred = kv_format_from_bytes_per_token(last);
-    if (!inferred) {
-      throw_value_error(where(op, arg) + "cannot infer the KV format from " + std::to_string(last) +
-                        " bytes per token (known: 656 fp8_v32, 584 fp8_model1, 528 fp8_mx, "
-                        "288 fp4; pass a bf16/fp16 array for a plain cache, or name the format)");
-    }
-    format = *inferred;
-  }
-  if (page_size > (int64_t{1} << 30)) throw_value_error(where(op, arg) + "page_size too large");
-
-  KVLayout layout = make_layout(format, static_cast<int>(page_size), d_qk, layout_name, op, arg);
-  const int64_t token_bytes = last * itemsize;  // the bytes one token row holds in the array
-  const int64_t token_stride_bytes = (page_size > 1 ? strides[1] : last) * itemsize;
-  const bool plain_format = format == KVFormat::kBF16 || format == KVFormat::kFP16;
-  if (plain_format) {
-    // A plain cache may be a strided view: honour its token stride.
-    layout.data_stride = token_stride_bytes;
-    layout.block_stride = page_size * token_stride_bytes;
-  } else if (token_stride_bytes != token_bytes) {
-    throw_value_error(where(op, arg) +
-                      "a quantised cache's tokens must be packed inside a block "
-                      "(stride of dim 1 = " +
-                      std::to_string(last) + "), got stride " + std::to_string(strides[1]));
-  }
-  const int64_t footprint = kv_block_footprint_bytes(layout);
-  const int64_t block_extent = (page_size - 1) * token_stride_bytes + token_bytes;
-  if (footprint > block_extent) {
-    throw_value_error(where(op, arg) + "the " + layout_name + " layout of " +
-                      kv_format_name(format) + " needs " + std::to_string(footprint) +
-                      " bytes per block, but a block of the array spans " +
-                      std::to_string(block_extent));
-  }
-  if (num_blocks > 1) layout.block_stride = strides[0] * itemsize;
-
+  CacheArray cache_array;
+  cache_array.data = const_cast<void*>(static_cast<const void*>(array.data()));
+  cache_array.element = !plain                     ? CacheArrayElement::kBytes
+                        : *dtype == DType::kBF16 ? CacheArrayElement::kBF16
+                                                 : CacheArrayElement::kFP16;
+  cache_array.rank = static_cast<int>(array.ndim());
+  cache_array.shape = array.shape_ptr();
+  cache_array.strides = array.stride_ptr();
+  std::optional<KVFormat> format;
+  if (format_name) format = parse_format(*format_name, op, arg);
+  const KVLayoutKind layout = parse_layout(layout_name, op, arg);
+  cache_array.device = array_device(array, op, arg);
   KVCache cache;
-  cache.data = const_cast<void*>(static_cast<const void*>(array.data()));
-  cache.layout = layout;
-  cache.num_blocks = num_blocks;
-  cache.device = array_device(array, op, arg);
+  throw_if_error(infer_kv_cache(cache_array, format, layout, op, arg, &cache));
   return cache;
 }
 

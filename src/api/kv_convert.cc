@@ -7,7 +7,7 @@
 #include "core/validate_convert.h"
 #include "cpu/kv_cache_convert.h"
 #ifdef OPENMLA_WITH_CUDA
-#include "cuda/common/kv_cache_kernels.h"
+#include "cuda/cuda_backend.h"
 #endif
 
 namespace openmla {
@@ -17,7 +17,7 @@ Status kv_cache_convert(const KVCacheConvertArgs& args, [[maybe_unused]] Stream 
   OPENMLA_RETURN_IF_ERROR(core::validate_kv_cache_convert(args, &shape));
   if (shape.device.type == DeviceType::kCPU) return cpu::kv_cache_convert(args, shape);
 #ifdef OPENMLA_WITH_CUDA
-  return cuda::kv_cache_convert_on_device(args, shape, stream);
+  return cuda::kv_cache_convert(args, shape, stream);
 #else
   return Status::UnsupportedDevice("kv_cache_convert: the caches are on " +
                                    device_name(shape.device) +

@@ -20,6 +20,17 @@
 
 namespace openmla::core {
 
+// A worker's row of the schedule metadata, by field (the layout openmla/ops.h documents); the
+// decode kernels read its first kScheduleRowFields ints.
+enum ScheduleField : int {
+  kBeginRequest = 0,  // the first request the worker walks
+  kBeginToken = 1,    // its first key in that request
+  kEndRequest = 2,    // the last request it walks (inclusive; < kBeginRequest: an idle worker)
+  kEndToken = 3,      // one past its last key in that request
+  kBeginSplit = 4,    // the global split index of its first piece
+  kScheduleRowFields = 5,
+};
+
 constexpr int kScheduleSplitOverheadBlocks = 5;
 // What a split plan costs beyond its shares (the combine pass), in key blocks of one worker.
 constexpr int kScheduleCombineBlocks = 6;

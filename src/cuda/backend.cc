@@ -4,7 +4,6 @@
 // silent fallback to the CPU and never fake output.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <string>
 
 #include "core/str_cat.h"
@@ -13,6 +12,8 @@
 #include "cuda/common/merge_states.h"
 #include "cuda/common/sm_parts.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/sm90/attention/launch.h"
+#include "cuda/sm90/attention/supported.h"
 #include "cuda/sm90/dense_decode/launch.h"
 #include "cuda/sm90/sparse_decode/launch.h"
 #include "cuda/sm90/sparse_prefill/launch.h"
@@ -20,108 +21,25 @@
 namespace openmla::cuda {
 namespace {
 
-// Every kernel is built for sm_90a, whose machine code runs on compute capability 9.0 only.
-constexpr int kSupportedArch = 90;
+using sm90::attention::cuda_error;
+using sm90::attention::DeviceFacts;
+using sm90::attention::DeviceGuard;
 
-// The operations the CUDA backend runs today; every NotImplemented message quotes this, so a
-// kernel family adds its operation here when it wires its launcher below.
-constexpr const char* kOpsWithKernels =
-    "dense_decode (bf16/fp16, d_qk 576/512), sparse_decode (bf16, fp8_v32, fp8_model1, fp8_mx, "
-    "fp4 caches, d_v 512), sparse_prefill (bf16 kv or any cache format, d_v 512), "
-    "merge_attention_states, kv_cache_write, "
-    "kv_cache_gather, kv_cache_convert, plan_decode_schedule";
-
-Status cuda_error(const char* op, const char* call, cudaError_t err) {
-  return Status::CudaError(std::string(op) + ": " + call + " failed: " + cudaGetErrorName(err) +
-                           " (" + cudaGetErrorString(err) + ")");
-}
-
-// Compute capability and SM count per device, read once (a device's facts don't change, and
-// this runs on every decode step).
-struct DeviceFacts {
-  int arch = 0;
-  int num_sms = 0;
-};
-constexpr int kMaxCachedDevices = 64;
-std::atomic<int> g_cached_arch[kMaxCachedDevices];  // 0: not read yet
-std::atomic<int> g_cached_num_sms[kMaxCachedDevices];
-
-Status device_facts(const char* op, int device_index, DeviceFacts* facts) {
-  if (device_index >= 0 && device_index < kMaxCachedDevices) {
-    facts->arch = g_cached_arch[device_index].load(std::memory_order_relaxed);
-    facts->num_sms = g_cached_num_sms[device_index].load(std::memory_order_relaxed);
-    if (facts->arch > 0 && facts->num_sms > 0) return Status::Ok();
-  }
-  int count = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
-    return cuda_error(op, "cudaGetDeviceCount", err);
-  }
-  if (device_index < 0 || device_index >= count) {
-    return Status::InvalidArgument(
-        std::string(op) + ": tensors are on cuda:" + std::to_string(device_index) +
-        ", but this machine has " + std::to_string(count) + " CUDA device(s)");
-  }
-  int major = 0, minor = 0, num_sms = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index);
-  }
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device_index);
-  }
-  if (err != cudaSuccess) return cuda_error(op, "cudaDeviceGetAttribute", err);
-  facts->arch = major * 10 + minor;
-  facts->num_sms = num_sms;
-  if (device_index < kMaxCachedDevices) {
-    g_cached_arch[device_index].store(facts->arch, std::memory_order_relaxed);
-    g_cached_num_sms[device_index].store(facts->num_sms, std::memory_order_relaxed);
-  }
-  return Status::Ok();
-}
-
-// UnsupportedDevice unless `device` is an SM90 GPU; fills its arch for the messages.
+// UnsupportedDevice unless `device` is an SM90 GPU (sm90/attention/launch.h); fills its arch for
+// the messages.
 Status require_sm90(const char* op, Device device, int* arch) {
-  if (device.type != DeviceType::kCUDA) {
-    return Status::Internal(std::string(op) + ": the CUDA backend was called with tensors on " +
-                            device_name(device));
-  }
   DeviceFacts facts;
-  OPENMLA_RETURN_IF_ERROR(device_facts(op, device.index, &facts));
-  if (facts.arch != kSupportedArch) {
-    return Status::UnsupportedDevice(
-        std::string(op) + ": " + device_name(device) + " is sm_" + std::to_string(facts.arch) +
-        "; this build of OpenMLA has CUDA kernels for sm_90 (Hopper: H100, H200, H800, H20) only");
-  }
+  OPENMLA_RETURN_IF_ERROR(sm90::attention::require_sm90(op, device, &facts));
   *arch = facts.arch;
   return Status::Ok();
 }
 
-// Makes the operation's device current for the call and restores the caller's one after, so a
-// launch lands on the device the tensors live on.
-class DeviceGuard {
- public:
-  DeviceGuard() = default;
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  ~DeviceGuard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  Status enter(const char* op, int device_index) {
-    int current = 0;
-    if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
-      return cuda_error(op, "cudaGetDevice", err);
-    }
-    if (current == device_index) return Status::Ok();
-    if (cudaError_t err = cudaSetDevice(device_index); err != cudaSuccess) {
-      return cuda_error(op, "cudaSetDevice", err);
-    }
-    previous_ = current;
-    return Status::Ok();
-  }
-
- private:
-  int previous_ = -1;
-};
+// What was asked, on which arch, and every operation the backend runs (sm90/attention/supported.h).
+Status not_implemented(const char* op, const std::string& asked, int arch) {
+  return Status::NotImplemented(
+      std::string(op) + ": no CUDA kernel for this device yet (asked: " + asked + " on sm_" +
+      std::to_string(arch) + "); today the CUDA backend runs: " + sm90::attention::supported_ops());
+}
 
 // Checks that `device` is an SM90 GPU, makes it current for the call, then runs `launch`.
 template <typename Launch>
@@ -137,7 +55,7 @@ Status on_sm90(const char* op, Device device, Launch&& launch) {
 
 Status device_arch(int device_index, int* sm_arch) {
   DeviceFacts facts;
-  OPENMLA_RETURN_IF_ERROR(device_facts("cuda_device_arch", device_index, &facts));
+  OPENMLA_RETURN_IF_ERROR(sm90::attention::device_facts("cuda_device_arch", device_index, &facts));
   *sm_arch = facts.arch;
   return Status::Ok();
 }
@@ -145,7 +63,7 @@ Status device_arch(int device_index, int* sm_arch) {
 // The schedule's worker count depends only on the SM count (sm_parts.h), so it needs no SM90.
 Status decode_num_sm_parts(int device_index, int s_q, int h_q, int h_kv, int* num_sm_parts) {
   DeviceFacts facts;
-  OPENMLA_RETURN_IF_ERROR(device_facts("decode_num_sm_parts", device_index, &facts));
+  OPENMLA_RETURN_IF_ERROR(sm90::attention::device_facts("decode_num_sm_parts", device_index, &facts));
   *num_sm_parts = decode_sm_parts_for(facts.num_sms, s_q, h_q, h_kv);
   return Status::Ok();
 }
@@ -164,7 +82,14 @@ size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q
 
 Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
                     Stream stream) {
-  return on_sm90("dense_decode", shape.device,
+  constexpr const char* kOp = "dense_decode";
+  if (!sm90::attention::supports(kOp, args.q.dtype, static_cast<int>(shape.d_qk))) {
+    int arch = 0;
+    OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
+    return not_implemented(kOp, core::str_cat("q ", dtype_name(args.q.dtype), ", d_qk ", shape.d_qk),
+                           arch);
+  }
+  return on_sm90(kOp, shape.device,
                  [&] { return sm90::dense_decode(args, shape, static_cast<cudaStream_t>(stream)); });
 }
 
@@ -234,6 +159,12 @@ Status kv_cache_gather(const KVCacheGatherArgs& args, const core::KVCacheWriteSh
                        Stream stream) {
   return on_sm90("kv_cache_gather", shape.device,
                  [&] { return kv_cache_gather_launch(args, shape, static_cast<cudaStream_t>(stream)); });
+}
+
+Status kv_cache_convert(const KVCacheConvertArgs& args, const core::KVCacheConvertShape& shape,
+                        Stream stream) {
+  return on_sm90("kv_cache_convert", shape.device,
+                 [&] { return kv_cache_convert_launch(args, shape, static_cast<cudaStream_t>(stream)); });
 }
 
 }  // namespace openmla::cuda

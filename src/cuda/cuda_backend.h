@@ -4,6 +4,8 @@
 #pragma once
 
 #include "core/validate.h"
+#include "core/validate_convert.h"
+#include "openmla/kv_convert.h"
 #include "openmla/ops.h"
 
 namespace openmla::cuda {
@@ -22,6 +24,8 @@ Status kv_cache_write(const KVCacheWriteArgs& args, const core::KVCacheWriteShap
                       Stream stream);
 Status kv_cache_gather(const KVCacheGatherArgs& args, const core::KVCacheWriteShape& shape,
                        Stream stream);
+Status kv_cache_convert(const KVCacheConvertArgs& args, const core::KVCacheConvertShape& shape,
+                        Stream stream);
 Status plan_decode_schedule(const DecodeScheduleArgs& args, const core::DecodeScheduleShape& shape,
                             Stream stream);
 Status decode_num_sm_parts(int device_index, int s_q, int h_q, int h_kv, int* num_sm_parts);

@@ -22,6 +22,7 @@
 #include "core/schedule.h"
 #include "cuda/common/decode_schedule.h"
 #include "cuda/sm90/dense_decode/launch.h"
+#include "cuda/sm90/dense_decode/tuning.h"
 #include "gpu/gpu_test_util.h"
 #include "openmla/ops.h"
 
@@ -210,17 +211,24 @@ struct CurrentDevice {
   ~CurrentDevice() { (void)cudaSetDevice(0); }
 };
 
-// The kernel's process-wide knobs (DenseDecodeTuning) as they were, restored when the scope ends
-// (also when an assertion ends the test early).
+// The launch settings the decodes below run with: the production ones (the public dense_decode)
+// unless a TuningScope is alive, whose `tuning` (the defaults until a test changes them) then
+// goes to cuda::sm90::dense_decode_with_tuning (the kernel's other paths: tuning.h).
+const cuda::sm90::DenseDecodeTuning* g_tuning = nullptr;
 struct TuningScope {
-  const cuda::sm90::DenseDecodeTuning saved = cuda::sm90::dense_decode_tuning();
-  ~TuningScope() { cuda::sm90::dense_decode_tuning() = saved; }
+  static constexpr cuda::sm90::DenseDecodeTuning kDefaults{};
+  cuda::sm90::DenseDecodeTuning tuning;
+  TuningScope() { g_tuning = &tuning; }
+  ~TuningScope() { g_tuning = nullptr; }
+  TuningScope(const TuningScope&) = delete;
+  TuningScope& operator=(const TuningScope&) = delete;
 };
 
 // One decode on the GPU, then out and lse back to the host (their whole storage, gaps included).
 void decode_to_host(const DenseDecodeArgs& a, const DeviceTensor& out_d, HostTensor* out,
                     const DeviceTensor& lse_d, HostTensor* lse) {
-  const Status st = dense_decode(a);
+  const Status st =
+      g_tuning != nullptr ? cuda::sm90::dense_decode_with_tuning(a, *g_tuning) : dense_decode(a);
   ASSERT_TRUE(st.ok()) << st.message();
   check_cuda(cudaGetLastError(), "dense_decode launch");
   synchronize();
@@ -292,8 +300,8 @@ TEST(DenseDecodeSmall, Fp16D512SplitAcrossWorkers) {
 // (one slot a lane, 8 warps a unit, two batches a warp, the last partial) and three requests
 // over 20 (eight slots, 2 warps a unit, batches of 2 with a clamped index).
 TEST(DenseDecodeSmall, CombineStaged) {
-  const TuningScope scope;
-  cuda::sm90::dense_decode_tuning().combine_batched = 1;
+  TuningScope scope;
+  scope.tuning.combine_batched = 1;
   run_case({.h_q = 16, .seqlens = {5000}, .num_sm_parts = 80, .seed = 5});
   run_case({.s_q = 2, .h_q = 12, .seqlens = {900, 1300, 700}, .causal = true, .num_sm_parts = 20,
             .seed = 6});
@@ -410,7 +418,7 @@ TEST(DenseDecodeSmall, CorruptedScheduleStaysInBounds) {
 
 // Scores ~8x wider than unit-variance data: tile maxima differ by more than the lazy max's
 // threshold (2^8), so the running max moves inside requests, in either warpgroup first, and O's
-// rescales (skipped while a warp's factors are all 1) must run (softmax.cuh lazy_max,
+// rescales (skipped while a warp's factors are all 1) must run (attention/softmax.cuh lazy_max,
 // rescale_rows_if).
 TEST(DenseDecode, WideScoresMoveTheRunningMax) {
   uint64_t seed = 70;
@@ -441,12 +449,12 @@ TEST(DenseDecode, PipelineBoundaries) {
 // Several requests a CTA, empty ones and odd tile counts (a last pair without its odd tile)
 // cross every request boundary.
 TEST(DenseDecode, QLoadPaths) {
-  const TuningScope scope;
-  auto& tuning = cuda::sm90::dense_decode_tuning();
+  TuningScope scope;
+  auto& tuning = scope.tuning;
   uint64_t seed = 300;
   for (int mode : {8, 1, 0}) {
     tuning.q_tma = mode > 0 ? 1 : 0;
-    tuning.q_issuers = mode > 0 ? mode : scope.saved.q_issuers;
+    tuning.q_issuers = mode > 0 ? mode : TuningScope::kDefaults.q_issuers;
     SCOPED_TRACE("q_tma " + std::to_string(tuning.q_tma) + ", q_issuers " +
                  std::to_string(tuning.q_issuers));
     run_case({.h_q = 16, .seqlens = {37, 200, 0, 129, 64, 1, 128}, .num_sm_parts = 2,
@@ -462,8 +470,8 @@ TEST(DenseDecode, QLoadPaths) {
 // one at 70001 keys), 2 with eight (G = 1, 2, 4: few workers, batches of 10 and 24), and one
 // split's loads at a time.
 TEST(DenseDecode, CombineLoops) {
-  const TuningScope scope;
-  auto& tuning = cuda::sm90::dense_decode_tuning();
+  TuningScope scope;
+  auto& tuning = scope.tuning;
   Rng rng(339);
   std::vector<int> ten(10), many(24);
   for (int& l : ten) l = static_cast<int>(rng.randint(300, 2500));
@@ -486,8 +494,8 @@ TEST(DenseDecode, CombineLoops) {
 // only where out's strides are multiples of 8 elements) and 4-byte stores (1, and always for out
 // strides of 2 elements).
 TEST(DenseDecode, OutputStores) {
-  const TuningScope scope;
-  auto& tuning = cuda::sm90::dense_decode_tuning();
+  TuningScope scope;
+  auto& tuning = scope.tuning;
   uint64_t seed = 320;
   for (int mode : {3, 2, 1}) {  // 3: out_tma over the 16-byte stores
     tuning.output_stores = mode == 3 ? 2 : mode;
@@ -509,8 +517,8 @@ TEST(DenseDecode, OutputStores) {
 // describe (4-byte row strides, a group that neither divides nor is divided by 64) falling back
 // to the register stores.
 void run_out_tma_cases(uint64_t seed, bool small) {
-  const TuningScope scope;
-  auto& tuning = cuda::sm90::dense_decode_tuning();
+  TuningScope scope;
+  auto& tuning = scope.tuning;
   tuning.out_tma = 1;
   for (int prefetch : {0, 1}) {
     tuning.q_prefetch = prefetch;
@@ -688,8 +696,8 @@ TEST(DenseDecodeMultiGpu, SecondDeviceInTheSameProcess) {
   std::vector<int> lens(10);
   for (int& l : lens) l = static_cast<int>(rng.randint(300, 2500));
   uint64_t seed = 180;
-  const TuningScope scope;
-  cuda::sm90::dense_decode_tuning().combine_batched = 1;
+  TuningScope scope;
+  scope.tuning.combine_batched = 1;
   for (int device : {0, 1, 0, 1}) {
     run_case({.h_q = 16, .seqlens = lens, .seed = seed++, .device = device});
     run_case({.h_q = 64, .seqlens = lens, .num_sm_parts = 200, .seed = seed++, .device = device});

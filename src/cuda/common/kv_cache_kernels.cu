@@ -18,11 +18,15 @@
 
 #include "cuda/common/kv_cache_kernels.h"
 #include "cuda/common/kv_codec.cuh"
+#include "cuda/sm90/attention/launch.h"
 
 namespace openmla::cuda {
 namespace {
 
 using kvcodec::Codec;
+using sm90::attention::cuda_error;
+using sm90::attention::device_facts;
+using sm90::attention::DeviceFacts;
 using kvcodec::ConstTokenPtr;
 using kvcodec::LaneVals;
 using kvcodec::TokenPtr;
@@ -310,11 +314,6 @@ struct ConvertKernelOf {
   static Kernel<ConvertParams> kernel() { return kv_convert_kernel<S, T, D>; }
 };
 
-Status cuda_error(const char* op, const char* call, cudaError_t err) {
-  return Status::CudaError(std::string(op) + ": " + call + " failed: " + cudaGetErrorName(err) +
-                           " (" + cudaGetErrorString(err) + ")");
-}
-
 // Resident blocks per SM of `kernel` (read once per kernel: the launch path stays a few calls).
 int resident_blocks_per_sm(const void* kernel) {
   static std::mutex mutex;
@@ -340,14 +339,11 @@ Status launch(const char* op, Kernel<Params> kernel, const Params& params, int64
                             "through a pair of different dims)");
   }
   if (num_tokens <= 0) return Status::Ok();
-  int device = 0, num_sms = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
-    return cuda_error(op, "cudaGetDevice", err);
-  }
-  if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-      err != cudaSuccess) {
-    return cuda_error(op, "cudaDeviceGetAttribute", err);
-  }
+  int device = 0;
+  OPENMLA_RETURN_IF_ERROR(cuda_error(op, "cudaGetDevice", cudaGetDevice(&device)));
+  DeviceFacts facts;  // the SM count, read once per device
+  OPENMLA_RETURN_IF_ERROR(device_facts(op, device, &facts));
+  const int num_sms = facts.num_sms;
   // A warp per token: a kernel taking two per warp (convert_tokens_per_warp) may, below the
   // resident cap, start twice the warps it needs; the spare ones exit at once.
   const int64_t wanted = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
@@ -520,42 +516,6 @@ Status kv_cache_convert_launch(const KVCacheConvertArgs& args,
     });
   });
   return launch("kv_cache_convert", kernel, p, p.num_tokens, stream);
-}
-
-Status kv_cache_convert_on_device(const KVCacheConvertArgs& args,
-                                  const core::KVCacheConvertShape& shape, Stream stream) {
-  constexpr const char* kOp = "kv_cache_convert";
-  const int index = shape.device.index;
-  int count = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
-    return cuda_error(kOp, "cudaGetDeviceCount", err);
-  }
-  if (index < 0 || index >= count) {
-    return Status::InvalidArgument(
-        std::string(kOp) + ": the caches are on cuda:" + std::to_string(index) +
-        ", but this machine has " + std::to_string(count) + " CUDA device(s)");
-  }
-  int major = 0, minor = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index);
-  if (err != cudaSuccess) return cuda_error(kOp, "cudaDeviceGetAttribute", err);
-  if (major != 9 || minor != 0) {
-    return Status::UnsupportedDevice(
-        std::string(kOp) + ": cuda:" + std::to_string(index) + " is sm_" + std::to_string(major) +
-        std::to_string(minor) +
-        "; this build of OpenMLA has CUDA kernels for sm_90 (Hopper: H100, H200, H800, H20) only");
-  }
-  int previous = 0;
-  if (err = cudaGetDevice(&previous); err != cudaSuccess)
-    return cuda_error(kOp, "cudaGetDevice", err);
-  if (previous != index) {
-    if (err = cudaSetDevice(index); err != cudaSuccess)
-      return cuda_error(kOp, "cudaSetDevice", err);
-  }
-  const Status status = kv_cache_convert_launch(args, shape, static_cast<cudaStream_t>(stream));
-  if (previous != index) (void)cudaSetDevice(previous);
-  return status;
 }
 
 }  // namespace openmla::cuda

@@ -25,11 +25,6 @@ Status kv_cache_gather_launch(const KVCacheGatherArgs& args, const core::KVCache
 Status kv_cache_convert_launch(const KVCacheConvertArgs& args,
                                const core::KVCacheConvertShape& shape, cudaStream_t stream);
 
-// kv_cache_convert's CUDA entry (called by src/api/kv_convert.cc): checks that the caches'
-// device is an sm_90 GPU, makes it current for the call, then kv_cache_convert_launch.
-Status kv_cache_convert_on_device(const KVCacheConvertArgs& args,
-                                  const core::KVCacheConvertShape& shape, Stream stream);
-
 // Self-check of the device codec's fast paths against its portable versions (which the CPU tests
 // hold to src/core/codec.cc), on this GPU: all 2^32 floats through the hardware e4m3 (both bytes
 // of a pair) and fp16 encoders, all 256 / 65536 codes through the e4m3 and fp16 decoders, and

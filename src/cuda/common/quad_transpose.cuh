@@ -1,6 +1,6 @@
 // The 4 x 4 transpose of 32-bit words inside a quad of lanes (lanes 4 i .. 4 i + 3), used where
 // an accumulator row's columns sit 2 a lane and 16-byte stores want 8 contiguous bf16/fp16 of
-// one lane: in the decode kernel's output (dense_decode/fragments.cuh) and the combine
+// one lane: in the decode kernel's output (attention/fragments.cuh) and the combine
 // (combine.cu).
 #pragma once
 

@@ -1,8 +1,9 @@
 // SM90 dense MLA decode: two TMA producer warps + two wgmma warpgroups in a software-pipelined
 // seesaw. Design, numbers and tuning history: NOTES.md. Compile-time choices: traits.h. This file
-// holds the compute warpgroups' loop, the kernel and its launch; the pieces they use live beside
-// it: producer.cuh (TMA refills, Q), mma.cuh, softmax.cuh, mask.cuh, fragments.cuh (P exchange,
-// output stores), primitives.cuh, trace.cuh.
+// holds the compute warpgroups' loop, the kernel and its launch; the family's own pieces live
+// beside it (producer.cuh: TMA refills, Q; epilogue.cuh: a finished request's output, lse and
+// split partial; trace.cuh), the shared ones in ../attention/
+// (mma.cuh, softmax.cuh, mask.cuh, fragments.cuh: P exchange, output stores; primitives.cuh).
 //
 // Grid (m_blocks, h_kv, num_sm_parts), 384 threads, one CTA per SM. CTA (m, g, w) serves query
 // rows [64 m, 64 m + 64) of kv head g for every request piece of schedule worker w; a request
@@ -38,19 +39,21 @@
 
 #include "core/schedule.h"
 #include "cuda/common/smem_opt_in.h"
-#include "cuda/sm90/dense_decode/fragments.cuh"
+#include "cuda/sm90/attention/fragments.cuh"
+#include "cuda/sm90/attention/mask.cuh"
+#include "cuda/sm90/attention/mma.cuh"
+#include "cuda/sm90/attention/primitives.cuh"
+#include "cuda/sm90/attention/softmax.cuh"
+#include "cuda/sm90/dense_decode/epilogue.cuh"
 #include "cuda/sm90/dense_decode/launch.h"
-#include "cuda/sm90/dense_decode/mask.cuh"
-#include "cuda/sm90/dense_decode/mma.cuh"
 #include "cuda/sm90/dense_decode/params.h"
-#include "cuda/sm90/dense_decode/primitives.cuh"
 #include "cuda/sm90/dense_decode/producer.cuh"
-#include "cuda/sm90/dense_decode/softmax.cuh"
 #include "cuda/sm90/dense_decode/trace.cuh"
 #include "cuda/sm90/dense_decode/traits.h"
 
 namespace openmla::cuda::sm90 {
 namespace dense_decode_detail {
+using namespace attention;  // the shared device pieces (src/cuda/sm90/attention/)
 
 // ---------------------------------------------------------------------------------------------
 // Compute warpgroups.
@@ -110,7 +113,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   const bool row_leader = (lane % 4) == 0;  // one of the 4 threads sharing a row writes stats
   const float sl2 = p.scale_log2;
   const float max_thr = 8.f / sl2;  // lazy_max's threshold: 2^8 in P
-  auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
+  auto field = [&](core::ScheduleField f) { return smem.range[f]; };  // the worker's row
   const Tracer trace(p, wg, t == 0);
   int pair = 0;  // pairs consumed so far by this CTA: the phase of both stages' barriers
   // Q by TMA (p.q_tma): lane 0 of the first p.q_issuers compute warps load request r's 64 rows
@@ -119,90 +122,20 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
   // epilogue, or, where the output goes out through Q's buffer (p.out_tma), once its stores
   // have read it. (The compute threads' own loads cost ~6 µs at a CTA's start and more at each
   // request boundary; issued earlier, by the producer warps right after the last QK^T, or
-  // prefetched into L2, it measured no better: NOTES.md session 8.)
+  // prefetched into L2, it measured no better: NOTES.md, ideas 29 and 33.)
   const int warp = thread / 32;  // 0-7 over both warpgroups
   const bool q_issuer = p.q_tma && lane == 0 && warp < p.q_issuers;
   auto load_q_tma = [&](int r) {
     issue_q<Traits>(p, smem, r, kv_head, m_block, warp, p.q_issuers, warp == 0);
   };
-  if (q_issuer && field(0) <= field(2)) load_q_tma(field(0));
+  if (q_issuer && field(kBeginRequest) <= field(kEndRequest)) {
+    load_q_tma(field(kBeginRequest));
+  }
   uint32_t q_phase = 0;
 
-  // Output of a finished request, O already normalised (1/l folded in). (Its 64 KB of stores
-  // hold both warpgroups ~4-6k clocks at a request boundary; deferring them under the next
-  // request's first QK^T kept O live across requests and spilled 1.9 KB: NOTES.md session 8.)
-  auto write_out = [&](int rr, bool single, int first_split) {
-    if (!single) {
-      // A split's fp32 partial, in the accumulator's own order (combine.h, "o_accum"): float4 k
-      // of thread t of warpgroup wg is rows r, r + 8 x columns 256 wg + 8 k + 2 (t % 4), + 1,
-      // at float4 (32 wg + k) * 32 row_groups + t of the CTA's block, so a warp stores 512
-      // contiguous bytes an instruction. (Row-major 8-byte stores, 8 rows x 32 B an
-      // instruction, cost ~12 µs of b 32 x 4096's 89 where every CTA stores at once; this order
-      // ~2: session 10 run 5.) Only the warps of the first row_groups 16-row groups have a
-      // block slot; threads whose rows are both past the request's store nothing.
-      const int split = field(4) + (rr - field(0));
-      const int slot = core::partial_slot(split, first_split, rr);
-      if (slot < 0 || slot >= p.max_slots) return;  // a corrupted schedule (params.h)
-      const int64_t block = core::partial_block(slot, kv_head, m_block, p.h_kv, p.m_blocks);
-      const int lanes = 32 * p.row_groups;  // the block's float4s of one column slot
-      const int block_float4s = core::partial_block_float4s(p.row_groups, Traits::kHeadDimV);
-      float4* out = reinterpret_cast<float4*>(p.o_accum) + block * block_float4s +
-                    wg * (Traits::kVHalfDims / 8) * lanes + t;
-      if (m_block * 64 + row_of[0] >= p.rows) return;  // both rows past the request's
-#pragma unroll
-      for (int k = 0; k < size<1>(O) / 2; ++k) {
-        out[k * lanes] = make_float4(O(0, 2 * k), O(0, 2 * k + 1), O(1, 2 * k), O(1, 2 * k + 1));
-      }
-      return;
-    }
-    if (p.out_tma) {
-      // Through Q's shared memory (free since kBarEpilogue) and a TMA store, so the rows drain
-      // to memory while the next request computes; the next Q loads once they are read out.
-      stage_out_smem<Element>(smem.q, O, wg, t / 32, lane);
-      fence_async_smem();
-      if (wg == 0) {  // (constant barrier ids: a computed one makes ptxas reserve all 16)
-        bar_sync(kBarWg0, 128);
-      } else {
-        bar_sync(kBarWg1, 128);
-      }
-      if (t == 0) store_out_tma<Traits>(p, smem, rr, kv_head, m_block, wg);
-      return;
-    }
-    auto out_row = [&](int i) {  // this warpgroup's half of row i in out
-      const int grow = m_block * 64 + row_of[i];
-      const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
-      return static_cast<char*>(p.out) + (rr * p.out_stride_b + s * p.out_stride_s +
-                                          h * p.out_stride_h + wg * Traits::kVHalfDims) * 2;
-    };
-    if (p.output_stores == 2) {
-      // (Every lane takes part in the quads' shuffles; rows past the request's skip the store.)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        store_row_16B<Element>(out_row(i), O, i, lane % 4, m_block * 64 + row_of[i] < p.rows);
-      }
-      return;
-    }
-    if (p.output_stores != 1) return;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int grow = m_block * 64 + row_of[i];
-      if (grow >= p.rows) continue;
-      // From one opaque first column, so the others' offsets are constants: else their 32
-      // addresses were hoisted out of the request loop into registers (and spilled).
-      const int col0 = get<1>(cO_rc(i, 0));
-      int opaque = col0;
-      asm volatile("" : "+r"(opaque));
-      char* out = out_row(i) + opaque * 2;
-#pragma unroll
-      for (int j = 0; j < size<1>(O); j += 2) {
-        const int col = get<1>(cO_rc(i, j)) - col0;
-        *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(i, j), O(i, j + 1));
-      }
-    }
-  };
-
-  for (int r = field(0); r <= field(2); ++r) {
-    const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
+  for (int r = field(kBeginRequest); r <= field(kEndRequest); ++r) {
+    const RequestPiece piece = request_piece(p, r, field(kBeginRequest), field(kBeginToken),
+                                             field(kEndRequest), field(kEndToken));
     const int n_tiles = piece.num_tiles();
     const int first_split = p.num_splits[r * p.num_splits_stride];
     const int n_splits = p.num_splits[(r + 1) * p.num_splits_stride] - first_split;
@@ -216,7 +149,7 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
       fence_async_smem();
     }
     bar_sync(kBarRequest, 256);
-    if (p.q_prefetch && q_issuer && r < field(2)) {
+    if (p.q_prefetch && q_issuer && r < field(kEndRequest)) {
       prefetch_q<Traits>(p, r + 1, kv_head, m_block, warp, p.q_issuers);
     }
 
@@ -437,43 +370,27 @@ __device__ __forceinline__ int consume(const DenseDecodeParams& p,
     }
 
     // ---- epilogue: row sums of both warpgroups, normalise, write ----
-    trace.mark_request(p, wg, r - field(0), 4);
+    trace.mark_request(p, wg, r - field(kBeginRequest), 4);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l_run[i] = quad_sum(l_run[i]);
       if (row_leader) smem.row_sum[wg][row_of[i]] = l_run[i];
     }
     bar_sync(kBarEpilogue, 256);
-    trace.mark_request(p, wg, r - field(0), 5);
+    trace.mark_request(p, wg, r - field(kBeginRequest), 5);
     const bool single = n_splits == 1;
     // The output staged through Q's buffer (out_tma) holds the next Q back until it is read out.
     const bool staged = p.out_tma && single;
-    if (q_issuer && r < field(2) && !staged) load_q_tma(r + 1);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int grow = m_block * 64 + row_of[i];
-      const float l = smem.row_sum[0][row_of[i]] + smem.row_sum[1][row_of[i]];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-#pragma unroll
-      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= inv;
-      if (grow >= p.rows || !(wg == 0 && row_leader)) continue;
-      const int s = grow / p.group, h = kv_head * p.group + grow % p.group;
-      const float lse = l > 0.f ? m_run[i] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
-      if (single) {
-        p.lse[r * p.lse_stride_b + h * p.lse_stride_h + s * p.lse_stride_s] = lse;
-      } else {
-        const int split = field(4) + (r - field(0));
-        if (split >= 0 && split < p.max_splits) {  // else a corrupted schedule (params.h)
-          p.lse_accum[(static_cast<int64_t>(split) * p.s_q + s) * p.h_q + h] = lse;
-        }
-      }
-    }
-    write_out(r, single, first_split);
-    if (staged && r < field(2)) {
+    if (q_issuer && r < field(kEndRequest) && !staged) load_q_tma(r + 1);
+    normalize_and_store_lse<Traits>(p, smem, O, row_of, m_run, wg, row_leader, m_block, kv_head, r,
+                                    single);
+    write_out<Traits>(p, smem, O, cO_rc, row_of, wg, t, lane, m_block, kv_head, r, single,
+                      first_split);
+    if (staged && r < field(kEndRequest)) {
       bar_sync(kBarEpilogue, 256);  // both halves' stores have read the buffer
       if (q_issuer) load_q_tma(r + 1);
     }
-    trace.mark_request(p, wg, r - field(0), 6);
+    trace.mark_request(p, wg, r - field(kBeginRequest), 6);
   }
   return pair;
 }
@@ -512,13 +429,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cutlass::arch::ClusterBarrier::init(&smem.q_full, 1);
     cutlass::arch::fence_barrier_init();
     const int32_t* meta = params.metadata + blockIdx.z * params.metadata_stride_part;
+    static_assert(sizeof(smem.range) == sizeof(int) * core::kScheduleRowFields);
 #pragma unroll
-    for (int f = 0; f < 5; ++f) smem.range[f] = meta[f * params.metadata_stride_field];
+    for (int f = 0; f < core::kScheduleRowFields; ++f) {
+      smem.range[f] = meta[f * params.metadata_stride_field];
+    }
     // A caller's schedule is checked for shape only: its requests are kept in [0, batch) (a
     // range past either end walks nothing). Tokens are clamped per request (request_piece), and
     // splits to the workspace's room as they are stored.
-    smem.range[0] = max(smem.range[0], 0);
-    smem.range[2] = min(smem.range[2], params.batch - 1);
+    smem.range[kBeginRequest] = max(smem.range[kBeginRequest], 0);
+    smem.range[kEndRequest] = min(smem.range[kEndRequest], params.batch - 1);
   }
   __syncthreads();
 #if defined(OPENMLA_DENSE_DECODE_TRACE)

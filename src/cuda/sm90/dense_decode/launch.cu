@@ -16,15 +16,23 @@
 #include "cuda/common/combine.h"
 #include "cuda/common/decode_schedule.h"
 #include "cuda/common/sm_parts.h"
+#include "cuda/sm90/attention/launch.h"
+#include "cuda/sm90/attention/supported.h"
 #include "cuda/sm90/dense_decode/params.h"
+#include "cuda/sm90/dense_decode/tuning.h"
 
 namespace openmla::cuda::sm90 {
 namespace {
 
-constexpr int kBlockTokens = 64;  // split boundaries fall on key tiles
-constexpr size_t kAlign = 256;
+using attention::cuda_error;
+using attention::strides_aligned;
+using attention::strides_string;
+using attention::tensor_map_dtype;
+using attention::tensor_map_encoder;
+using attention::tensor_map_strides;
 
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+constexpr const char* kOp = "dense_decode";
+constexpr int kBlockTokens = 64;  // split boundaries fall on key tiles
 
 struct WorkspaceLayout {
   size_t metadata = 0, num_splits = 0, lse_accum = 0, o_accum = 0, total = 0;
@@ -33,22 +41,18 @@ struct WorkspaceLayout {
 WorkspaceLayout workspace_layout(int64_t batch, int64_t s_q, int64_t h_q, int64_t h_kv,
                                  int64_t d_v, int64_t parts) {
   const int64_t splits = core::max_schedule_splits(batch, parts);
+  attention::WorkspaceCarver carver;
   WorkspaceLayout w;
-  size_t off = 0;
-  w.metadata = off;
-  off = align_up(off + sizeof(int32_t) * parts * kScheduleMetadataInts);
-  w.num_splits = off;
-  off = align_up(off + sizeof(int32_t) * (batch + 1));
-  w.lse_accum = off;
-  off = align_up(off + sizeof(float) * splits * s_q * h_q);
-  w.o_accum = off;
+  w.metadata = carver.take(sizeof(int32_t) * parts * kScheduleMetadataInts);
+  w.num_splits = carver.take(sizeof(int32_t) * (batch + 1));
+  w.lse_accum = carver.take(sizeof(float) * splits * s_q * h_q);
   // A block per (partial slot, kv head, m-block) of the 16-row groups that hold a query row:
   // the decode kernel stores a CTA's accumulator as it lies in registers (combine.h).
   const int64_t rows_kv = s_q * (h_q / h_kv);
   const int64_t m_blocks = (rows_kv + 63) / 64;
-  off = align_up(off + sizeof(float) * core::max_partial_slots(parts) * h_kv * m_blocks *
-                           core::partial_block_floats(static_cast<int>(rows_kv), d_v));
-  w.total = off;
+  w.o_accum = carver.take(sizeof(float) * core::max_partial_slots(parts) * h_kv * m_blocks *
+                          core::partial_block_floats(static_cast<int>(rows_kv), d_v));
+  w.total = carver.total;
   return w;
 }
 
@@ -60,58 +64,6 @@ Status invalid(const Parts&... parts) {
 template <typename... Parts>
 Status not_implemented(const Parts&... parts) {
   return Status::NotImplemented(core::str_cat("dense_decode: ", parts...));
-}
-
-Status cuda_error(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::Ok();
-  return Status::CudaError(std::string("dense_decode: ") + what + ": " + cudaGetErrorString(err));
-}
-
-std::string strides_string(const TensorView& t) {
-  std::string s = "[";
-  for (int d = 0; d < t.rank; ++d) s += core::str_cat(d ? ", " : "", t.strides[d]);
-  return s + "]";
-}
-
-// Strides (elements) of every dim of size > 1 except the last are multiples of `multiple`, and
-// the base address is aligned to `multiple` elements.
-bool strides_aligned(const TensorView& t, int64_t multiple) {
-  const size_t bytes = dtype_size_bytes(t.dtype) * multiple;
-  if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) return false;
-  for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.shape[d] > 1 && t.strides[d] % multiple != 0) return false;
-  }
-  return true;
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &status) != cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// Byte strides of a 16-bit tensor's dims 1..N-1 from the caller's element strides. A dim of size
-// 1 is never stepped: it gets the dense stride, whatever the caller's (which TMA may refuse).
-template <int N>
-void tensor_map_strides(const cuuint64_t (&dims)[N], const int64_t (&given)[N - 1],
-                        cuuint64_t (&strides)[N - 1]) {
-  uint64_t dense = dims[0] * 2;
-  for (int d = 0; d < N - 1; ++d) {
-    strides[d] = dims[d + 1] > 1 ? static_cast<cuuint64_t>(given[d]) * 2 : dense;
-    dense = strides[d] * dims[d + 1];
-  }
-}
-
-CUtensorMapDataType tensor_map_dtype(DType dtype) {
-  return dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
 // The cache as (dim, token-in-page, kv head, block).
@@ -169,28 +121,19 @@ bool encode_rows_map(const TensorView& q, int64_t dims_last, const core::DenseDe
                 CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The kernel of (dtype, d_qk), from the one list of what the family serves (supported.h).
 cudaError_t launch_kernel(DType dtype, int64_t d_qk, const DenseDecodeParams& params,
                           int m_blocks, int h_kv, int parts, cudaStream_t stream) {
-  if (dtype == DType::kBF16) {
-    return d_qk == 576 ? launch_dense_decode_kernel<cute::bfloat16_t, 576>(params, m_blocks, h_kv, parts, stream)
-                       : launch_dense_decode_kernel<cute::bfloat16_t, 512>(params, m_blocks, h_kv, parts, stream);
+#define OPENMLA_LAUNCH_IF(dtype_, element, d_qk_)                                              \
+  if (dtype == DType::dtype_ && d_qk == d_qk_) {                                             \
+    return launch_dense_decode_kernel<element, d_qk_>(params, m_blocks, h_kv, parts, stream); \
   }
-  return d_qk == 576 ? launch_dense_decode_kernel<cute::half_t, 576>(params, m_blocks, h_kv, parts, stream)
-                     : launch_dense_decode_kernel<cute::half_t, 512>(params, m_blocks, h_kv, parts, stream);
-}
-
-int device_sm_count(int device) {
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-  return sms;
+  OPENMLA_SM90_DENSE_DECODE_KERNELS(OPENMLA_LAUNCH_IF)
+#undef OPENMLA_LAUNCH_IF
+  return cudaErrorInvalidValue;  // the backend's dispatch let through a shape with no kernel
 }
 
 }  // namespace
-
-DenseDecodeTuning& dense_decode_tuning() {
-  static DenseDecodeTuning tuning;
-  return tuning;
-}
 
 size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int h_kv, int d_v,
                                     int num_sm_parts) {
@@ -199,25 +142,22 @@ size_t dense_decode_workspace_bytes(int batch, int s_q, int h_q, int h_kv, int d
 
 size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int h_kv,
                                    int d_v) {
-  const int sms = device_sm_count(device_index);
-  if (sms == 0 || h_kv < 1) return 0;
-  const int parts = decode_sm_parts_for(sms, s_q, h_q, h_kv);
+  attention::DeviceFacts facts;
+  if (!attention::device_facts(kOp, device_index, &facts).ok() || h_kv < 1) return 0;
+  const int parts = decode_sm_parts_for(facts.num_sms, s_q, h_q, h_kv);
   return dense_decode_workspace_bytes(batch, s_q, h_q, h_kv, d_v, parts);
 }
 
-Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
-                    cudaStream_t stream) {
+namespace {
+
+// The launch proper, with `tuning`'s settings (the production entry passes the defaults).
+Status launch_dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
+                           const DenseDecodeTuning& tuning, cudaStream_t stream) {
   if (shape.batch == 0) return Status::Ok();
-  const int device = shape.device.index;
-  int major = 0, minor = 0;
-  OPENMLA_RETURN_IF_ERROR(cuda_error(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "device query"));
-  OPENMLA_RETURN_IF_ERROR(cuda_error(
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "device query"));
-  if (major != 9 || minor != 0) {
-    return not_implemented("no kernel for sm_", major, minor,
-                           " (the dense decode kernels are built for sm_90a, Hopper)");
-  }
+  // The device is an SM90 GPU (the backend checked, attention::require_sm90); its SM count is
+  // read once per process.
+  attention::DeviceFacts facts;
+  OPENMLA_RETURN_IF_ERROR(attention::device_facts(kOp, shape.device.index, &facts));
   const int64_t page_size = shape.page_size;
   if (!(page_size == 8 || page_size == 16 || page_size == 32 ||
         (page_size % 64 == 0 && page_size <= (int64_t{1} << 30)))) {
@@ -242,8 +182,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   if (shape.max_blocks * page_size > INT32_MAX) {
     return not_implemented("block_table: max_blocks * page_size above 2^31 keys");
   }
-  const int sms = device_sm_count(device);
-  if (sms == 0) return Status::CudaError("dense_decode: could not read the device's SM count");
+  const int sms = facts.num_sms;
 
   const bool plan_here = !args.schedule.metadata.defined();
   // A caller's schedule: one CTA a worker on the grid's z, which holds at most 65535.
@@ -286,7 +225,8 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
     plan.metadata_stride_field = 1;
     plan.num_splits = reinterpret_cast<int32_t*>(ws + layout.num_splits);
     plan.num_splits_stride = 1;
-    OPENMLA_RETURN_IF_ERROR(cuda_error(launch_plan_decode_schedule(plan, stream), "schedule launch"));
+    OPENMLA_RETURN_IF_ERROR(
+        cuda_error(kOp, "schedule launch", launch_plan_decode_schedule(plan, stream)));
     params.metadata = plan.metadata;
     params.metadata_stride_part = kScheduleMetadataInts;
     params.metadata_stride_field = 1;
@@ -301,7 +241,6 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   }
 
   const int m_blocks = static_cast<int>((shape.s_q * (shape.h_q / shape.h_kv) + 63) / 64);
-  const DenseDecodeTuning& tuning = dense_decode_tuning();
   const int promotion = tuning.l2_promotion >= 0 ? tuning.l2_promotion : (m_blocks == 1 ? 128 : 256);
   OPENMLA_RETURN_IF_ERROR(encode_cache_map(args.k_cache, shape, ws, promotion, &params.tma_k));
   params.q_tma = tuning.q_tma != 0 &&
@@ -366,8 +305,8 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   params.trace_pairs = tuning.trace != nullptr ? tuning.trace_pairs : 0;
 
   OPENMLA_RETURN_IF_ERROR(cuda_error(
-      launch_kernel(args.q.dtype, shape.d_qk, params, m_blocks, params.h_kv, parts, stream),
-      "kernel launch"));
+      kOp, "kernel launch",
+      launch_kernel(args.q.dtype, shape.d_qk, params, m_blocks, params.h_kv, parts, stream)));
 
   if (tuning.skip_combine != 0) return Status::Ok();
   DecodeCombineParams combine;
@@ -392,9 +331,27 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   combine.out_16B = strides_aligned(args.out, 8);
   combine.warps_per_row = decode_combine_warps_per_row(params.batch, parts);
   combine.loads_batched = tuning.combine_batched != 0;
-  return cuda_error(
-      launch_decode_combine(combine, args.q.dtype, stream, tuning.combine_pdl != 0),
-      "combine launch");
+  return cuda_error(kOp, "combine launch",
+                    launch_decode_combine(combine, args.q.dtype, stream, tuning.combine_pdl != 0));
+}
+
+}  // namespace
+
+Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
+                    cudaStream_t stream) {
+  static constexpr DenseDecodeTuning kMeasuredBest{};
+  return launch_dense_decode(args, shape, kMeasuredBest, stream);
+}
+
+Status dense_decode_with_tuning(const DenseDecodeArgs& args, const DenseDecodeTuning& tuning,
+                                cudaStream_t stream) {
+  core::DenseDecodeShape shape;
+  OPENMLA_RETURN_IF_ERROR(core::validate_dense_decode(args, &shape));
+  attention::DeviceFacts facts;
+  OPENMLA_RETURN_IF_ERROR(attention::require_sm90(kOp, shape.device, &facts));
+  attention::DeviceGuard guard;
+  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
+  return launch_dense_decode(args, shape, tuning, stream);
 }
 
 }  // namespace openmla::cuda::sm90

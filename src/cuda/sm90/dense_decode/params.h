@@ -67,7 +67,7 @@ struct DenseDecodeParams {
   int causal;
   // L2 hints of the KV loads: cache_hint for requests of fewer than long_from keys,
   // cache_hint_long for the others (one m-block: evict-first is faster for short requests,
-  // normal for long ones; NOTES.md session 6).
+  // normal for long ones; NOTES.md, idea 20).
   uint64_t cache_hint, cache_hint_long;
   int long_from;
   // Timeline (clock64) of CTA (0,0,0)'s first trace_pairs pairs, [role][pair][event] with role

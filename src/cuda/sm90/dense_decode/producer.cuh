@@ -10,12 +10,20 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "core/schedule.h"
+#include "cuda/sm90/attention/primitives.cuh"
 #include "cuda/sm90/dense_decode/params.h"
-#include "cuda/sm90/dense_decode/primitives.cuh"
 #include "cuda/sm90/dense_decode/trace.cuh"
 
 namespace openmla::cuda::sm90 {
 namespace dense_decode_detail {
+using namespace attention;  // the shared device pieces (src/cuda/sm90/attention/)
+// The fields of a worker's schedule row (smem.range), by name.
+using core::kBeginRequest;
+using core::kBeginSplit;
+using core::kBeginToken;
+using core::kEndRequest;
+using core::kEndToken;
 
 // The key range one worker walks in request r.
 struct RequestPiece {
@@ -108,11 +116,11 @@ __device__ __forceinline__ void store_out_tma(const DenseDecodeParams& p,
 // back, in the stage's part order. (One
 // thread issuing both stages in a fixed order waited for the part handed back last while the
 // others sat free; a producer warp holding block ids ahead or prefetching into L2 measured no
-// better: NOTES.md v3, v5c, v8.)
+// better: NOTES.md, ideas 3, 7, 10.)
 
 // A thread issuing TMA keeps only a few boxes in flight: one thread streams ~32 GB/s into an SM
 // from DRAM (~42 from L2) however many slots are free, two threads in two warps twice that
-// (openmla_bench_tma_stream, NOTES.md v10). So each stage's pieces are issued by two warps.
+// (openmla_bench_tma_stream, NOTES.md, idea 13). So each stage's pieces are issued by two warps.
 constexpr int kIssuersPerStage = 2;
 
 // One part of the tile at key t0 (`valid` keys of it before the piece's end) into `stage`, each
@@ -168,12 +176,13 @@ template <class Traits, bool kSmallPages>
 __device__ __forceinline__ void produce(const DenseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int kv_head,
                                         int stage, int sub) {
-  auto field = [&](int f) { return smem.range[f]; };  // the worker's range (traits.h)
+  auto field = [&](core::ScheduleField f) { return smem.range[f]; };  // the worker's row
   const Tracer trace(p, 2, sub == 0);
   int pair = 0;  // pairs loaded so far: the phase of every barrier of the stage
-  for (int r = field(0); r <= field(2); ++r) {
-    trace.mark_request(p, 2, r - field(0), 2 * stage);
-    const RequestPiece piece = request_piece(p, r, field(0), field(1), field(2), field(3));
+  for (int r = field(kBeginRequest); r <= field(kEndRequest); ++r) {
+    trace.mark_request(p, 2, r - field(kBeginRequest), 2 * stage);
+    const RequestPiece piece = request_piece(p, r, field(kBeginRequest), field(kBeginToken),
+                                             field(kEndRequest), field(kEndToken));
     const int32_t* table = p.block_table + r * p.block_table_stride_b;
     // Pages of >= 64 keys: the block id of this stage's first tile, read here, before the tile
     // loop whose bounds wait for the seqlen (any tile below the capacity has a table entry), so
@@ -184,7 +193,7 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
       if (t0 < p.capacity) first_block = table[(t0 / p.page_size) * p.block_table_stride_n];
     }
     // The request's seqlen and first block id have arrived (what the first issue waits for).
-    trace.mark_request_after(p, 2, r - field(0), 4 + stage, piece.seqlen + first_block);
+    trace.mark_request_after(p, 2, r - field(kBeginRequest), 4 + stage, piece.seqlen + first_block);
     const int n_tiles = piece.num_tiles();
     const uint64_t hint = piece.seqlen >= p.long_from ? p.cache_hint_long : p.cache_hint;
     for (int it = stage; it < n_tiles + stage; it += 2, ++pair) {
@@ -208,7 +217,9 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p,
             p, smem, table, block, row, kv_head, stage, Traits::part_order(stage, i), t0, valid,
             pair & 1, sub, hint, [&] { trace.mark(pair, 7 + stage * Traits::kNumParts + i); });
         trace.mark(pair, 1 + stage * Traits::kNumParts + i);  // part issued
-        if (i == 0 && it == stage) trace.mark_request(p, 2, r - field(0), 2 * stage + 1);
+        if (i == 0 && it == stage) {
+          trace.mark_request(p, 2, r - field(kBeginRequest), 2 * stage + 1);
+        }
       }
     }
   }

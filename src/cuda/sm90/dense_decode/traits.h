@@ -38,7 +38,7 @@ struct DenseDecodeTraits {
   static constexpr int kPartL = 0, kPartR = 1, kPartRope = 2;
   static constexpr int kNumParts = kNumPieces > kNumVPieces ? 3 : 2;
   // The order in which a stage's parts are refilled and then read by QK^T: the order they are
-  // handed back (NOTES.md v9). Stage 0: RoPE (WG1 has read P0 from it), V left (WG0's PV on
+  // handed back (NOTES.md, idea 12). Stage 0: RoPE (WG1 has read P0 from it), V left (WG0's PV on
   // the tile, issued right after its softmax), V right (WG1's PV, run under its next QK^T).
   // Stage 1: RoPE (WG0 has read P1), V right (WG1's PV right after its softmax), V left (WG0's
   // PV, run under its next QK^T).
@@ -111,8 +111,9 @@ struct DenseDecodeTraits {
     float2 max0[128];
     float4 stats1[128];
     float row_sum[2][kBlockM];  // per compute warpgroup, exchanged in the epilogue
-    // The CTA's schedule row {begin_request, begin_token, end_request, end_token, begin_split},
-    // read where it is used: held in registers across the walk, it was spilled.
+    // The CTA's schedule row, indexed by core::ScheduleField {begin_request, begin_token,
+    // end_request, end_token, begin_split}, read where it is used: held in registers across the
+    // walk, it was spilled.
     int range[5];
     alignas(8) uint64_t full[kStages][kNumPieces];  // TMA landed, per (stage, piece)
     uint64_t empty[kStages][kNumParts];             // the part's last reader is done

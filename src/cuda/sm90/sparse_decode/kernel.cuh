@@ -24,10 +24,10 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "cuda/common/smem_opt_in.h"
-#include "cuda/sm90/dense_decode/fragments.cuh"
-#include "cuda/sm90/dense_decode/mma.cuh"
-#include "cuda/sm90/dense_decode/primitives.cuh"
-#include "cuda/sm90/dense_decode/softmax.cuh"
+#include "cuda/sm90/attention/fragments.cuh"
+#include "cuda/sm90/attention/mma.cuh"
+#include "cuda/sm90/attention/primitives.cuh"
+#include "cuda/sm90/attention/softmax.cuh"
 #include "cuda/sm90/sparse_decode/params.h"
 #include "cuda/sm90/sparse_decode/producer.cuh"
 #include "cuda/sm90/sparse_decode/traits.h"
@@ -35,7 +35,7 @@
 namespace openmla::cuda::sm90 {
 namespace sparse_decode_detail {
 
-using namespace dense_decode_detail;  // the shared softmax, MMA and barrier helpers
+using namespace attention;  // the shared softmax, MMA and barrier helpers
 
 enum : uint32_t {
   kBarP0 = 1,       // WG0 -> WG1: P and the factors of a stage-0 tile (256)

@@ -2,11 +2,11 @@
 // validation, the split count, the workspace, and the launches of decode and combine.
 #include "cuda/sm90/sparse_decode/launch.h"
 
-#include <atomic>
 #include <string>
 
 #include "core/str_cat.h"
 #include "cuda/common/kv_codec.cuh"
+#include "cuda/sm90/attention/launch.h"
 #include "cuda/sm90/sparse_decode/params.h"
 
 namespace openmla::cuda::sm90 {
@@ -23,18 +23,11 @@ Status invalid(const Parts&... parts) {
   return Status::InvalidArgument(core::str_cat("sparse_decode: ", parts...));
 }
 
-// SMs of a device, read once per device.
+// SMs of a device (read once per device by the shared device facts; 132 if that fails).
 int num_sms(int device_index) {
-  static std::atomic<int> cached[64];
-  if (device_index >= 0 && device_index < 64) {
-    if (const int n = cached[device_index].load(std::memory_order_relaxed); n > 0) return n;
-  }
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) {
-    return 132;
-  }
-  if (device_index >= 0 && device_index < 64) cached[device_index].store(n);
-  return n;
+  attention::DeviceFacts facts;
+  if (!attention::device_facts("sparse_decode", device_index, &facts).ok()) return 132;
+  return facts.num_sms;
 }
 
 // The most splits any topk may get for this many CTAs a split: enough CTAs to fill the SMs

@@ -12,13 +12,13 @@
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/common/kv_codec.cuh"
-#include "cuda/sm90/dense_decode/primitives.cuh"
+#include "cuda/sm90/attention/primitives.cuh"
 #include "cuda/sm90/sparse_decode/params.h"
 
 namespace openmla::cuda::sm90 {
 namespace sparse_decode_detail {
 
-using dense_decode_detail::fence_async_smem;
+using attention::fence_async_smem;
 using kvcodec::Codec;
 
 // The keys of query token (i, j): the first n[0] entries of its main index list, then the first

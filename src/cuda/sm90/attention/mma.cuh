@@ -1,5 +1,7 @@
-// The dense decode kernel's two products (kernel.cuh): S = Q K^T piece by piece as a stage's
-// pieces land, O += P V with P from registers; and the accumulator and descriptor views they use.
+// The two products of the SM90 attention kernels (first user: dense_decode/kernel.cuh): S = Q K^T
+// piece by piece as a stage's pieces land, O += P V with P from registers; and the accumulator
+// and descriptor views they use. gemm_qk reads a family's traits: kNumParts, kPieceDims,
+// part_order(stage, i), part_first_piece(part), part_pieces(part) (dense_decode/traits.h).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,7 @@
 #include <cutlass/arch/barrier.h>
 
 namespace openmla::cuda::sm90 {
-namespace dense_decode_detail {
+namespace attention {
 
 // The wgmma accumulator ((2,2,N/8),M,N) seen as (rows, cols): ((2,M),(2,N/8,N)).
 template <class Layout>
@@ -96,5 +98,5 @@ __device__ __forceinline__ void wait_pv(TO& tOrO, TP& tOrP) {
   cute::warpgroup_fence_operand(tOrP);
 }
 
-}  // namespace dense_decode_detail
+}  // namespace attention
 }  // namespace openmla::cuda::sm90

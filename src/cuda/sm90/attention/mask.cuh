@@ -1,5 +1,6 @@
 // Keys a CTA must not see (past its piece's end, before its start, causal): -inf in S, and the
-// matching V rows zeroed in shared memory so 0 x NaN cannot reach O.
+// matching V rows zeroed in shared memory so 0 x NaN cannot reach O. Shared by the SM90 attention
+// kernels; zero_v_rows reads a family's traits (kBlockN, kNumVPieces, kPieceBytes).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,7 @@
 #include <cute/tensor.hpp>
 
 namespace openmla::cuda::sm90 {
-namespace dense_decode_detail {
+namespace attention {
 
 // Keys outside [lower, limit[i]) of row i (absolute key indices) get -inf.
 template <class TS, class TC>
@@ -40,5 +41,5 @@ __device__ __forceinline__ void zero_v_rows(typename Traits::Element* tile, int 
   }
 }
 
-}  // namespace dense_decode_detail
+}  // namespace attention
 }  // namespace openmla::cuda::sm90

@@ -1,15 +1,16 @@
-// The dense decode kernel's online softmax (kernel.cuh): row maxima and sums as trees, the lazy
-// running max, O's rescale, and P = exp2(S - m) packed into the A fragment of P V.
+// Online softmax of the SM90 attention kernels (first user: dense_decode/kernel.cuh): row maxima
+// and sums as trees, the lazy running max, O's rescale, and P = exp2(S - m) packed into the A
+// fragment of P V. Rows are a wgmma accumulator seen as (2 rows, n cols) a thread (mma.cuh).
 #pragma once
 
 #include <cstdint>
 
 #include <cute/tensor.hpp>
 
-#include "cuda/sm90/dense_decode/primitives.cuh"
+#include "cuda/sm90/attention/primitives.cuh"
 
 namespace openmla::cuda::sm90 {
-namespace dense_decode_detail {
+namespace attention {
 
 // One level of a reduction tree: v[j] op= v[j + W] for j < W, then the next level.
 template <bool kMax, int W>
@@ -81,5 +82,5 @@ __device__ __forceinline__ void softmax_to_p(TS& S, TAcc const& tSrS, const floa
   for (int k = 0; k < size(P32); ++k) P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
 }
 
-}  // namespace dense_decode_detail
+}  // namespace attention
 }  // namespace openmla::cuda::sm90

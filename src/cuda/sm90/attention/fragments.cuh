@@ -1,5 +1,6 @@
-// Register fragments through memory (kernel.cuh): P between the two compute warpgroups, and the
-// normalised O to Q's shared memory for a TMA store (stmatrix) or to `out` as 16-byte stores.
+// Register fragments through memory, shared by the SM90 attention kernels (first user:
+// dense_decode/kernel.cuh): P between the two compute warpgroups, and the normalised O to Q's
+// shared memory for a TMA store (stmatrix) or to `out` as 16-byte stores.
 #pragma once
 
 #include <cstdint>
@@ -7,10 +8,10 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/common/quad_transpose.cuh"
-#include "cuda/sm90/dense_decode/primitives.cuh"
+#include "cuda/sm90/attention/primitives.cuh"
 
 namespace openmla::cuda::sm90 {
-namespace dense_decode_detail {
+namespace attention {
 
 // P fragments cross between the warpgroups thread-major: word 4j..4j+3 of thread t is the 16 B
 // at (j * 128 + t) * 16, so a warp's accesses are 512 contiguous bytes (no bank conflicts).
@@ -92,5 +93,5 @@ __device__ __forceinline__ void stage_out_smem(void* sq, TO const& O, int wg, in
   }
 }
 
-}  // namespace dense_decode_detail
+}  // namespace attention
 }  // namespace openmla::cuda::sm90

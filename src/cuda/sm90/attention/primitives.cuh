@@ -1,5 +1,6 @@
-// Small device helpers of the SM90 dense decode kernel (kernel.cuh) every role uses: named
-// barriers, proxy fences, part hand-back, quad reductions, 16-bit packing, the 128 B swizzle.
+// Small device helpers every SM90 attention kernel's roles use (src/cuda/sm90/attention/, shared
+// by the kernel families beside it): the seesaw's named barriers, proxy fences, part hand-back,
+// quad reductions, 16-bit packing, the 128 B swizzle.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,9 +12,10 @@
 #include <cutlass/arch/barrier.h>
 
 namespace openmla::cuda::sm90 {
-namespace dense_decode_detail {
+namespace attention {
 
-// Named barriers (hardware ids; 0 is __syncthreads). Counts in threads.
+// Named barriers of the two-compute-warpgroup seesaw (hardware ids; 0 is __syncthreads), counts
+// in threads. A family with another exchange between its warpgroups names its own ids.
 enum : uint32_t {
   kBarRequest = 1,   // both compute WGs: Q loaded / previous request finished (256)
   kBarP0Ready = 2,   // WG0 -> WG1: P0, m0 published (256)
@@ -72,5 +74,5 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-}  // namespace dense_decode_detail
+}  // namespace attention
 }  // namespace openmla::cuda::sm90
