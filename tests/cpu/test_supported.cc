@@ -18,7 +18,9 @@ TEST(Sm90Supported, DenseDecodeKernels) {
   EXPECT_TRUE(supports("dense_decode", DType::kFP16, 512));
   EXPECT_FALSE(supports("dense_decode", DType::kFP32, 576));
   EXPECT_FALSE(supports("dense_decode", DType::kBF16, 128));
-  EXPECT_FALSE(supports("sparse_decode", DType::kBF16, 576));  // no row: no kernel
+  EXPECT_TRUE(supports("sparse_decode", DType::kBF16, 576));
+  EXPECT_FALSE(supports("sparse_decode", DType::kFP16, 576));
+  EXPECT_FALSE(supports("dense_prefill", DType::kBF16, 576));  // no row: no kernel
   EXPECT_TRUE(supports("merge_attention_states", DType::kFP32, 0));  // any shape validation takes
 }
 
@@ -26,9 +28,10 @@ TEST(Sm90Supported, Messages) {
   const FamilySupport* dense = family_support("dense_decode");
   ASSERT_NE(dense, nullptr);
   EXPECT_EQ(describe(*dense), "dense_decode (bf16 d_qk 576/512, fp16 d_qk 576/512)");
-  EXPECT_EQ(family_support("sparse_prefill"), nullptr);
+  EXPECT_EQ(family_support("dense_prefill"), nullptr);
   EXPECT_EQ(supported_ops(),
-            "dense_decode (bf16 d_qk 576/512, fp16 d_qk 576/512), merge_attention_states, "
+            "dense_decode (bf16 d_qk 576/512, fp16 d_qk 576/512), sparse_decode (bf16 d_qk "
+            "576/512), sparse_prefill (bf16 d_qk 576/512), merge_attention_states, "
             "kv_cache_write, kv_cache_gather, kv_cache_convert, plan_decode_schedule");
 }
 
