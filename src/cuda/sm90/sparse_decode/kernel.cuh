@@ -146,7 +146,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     for (int kk = 0; kk < n_tiles; ++kk) {
       const int stage = kk & 1;
       cutlass::arch::ClusterBarrier::wait(&smem.full[stage], (kk >> 1) & 1);
-      // S = Q K^T; waiting for it also completes the PV of the previous tile.
+      // S = Q K^T. The previous tile's PV (issued before it) completes first: its stage goes back
+      // to the producer while this QK^T still runs, so the next fill starts a QK^T earlier.
       warpgroup_fence_operand(tSrS);
       warpgroup_arrive();
       auto tSrK_s = at_offset(tSrK, stage * Traits::kStageBytes);
@@ -156,10 +157,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
       }
       warpgroup_commit_batch();
+      if (kk > 0) {
+        warpgroup_wait<1>();
+        release_part(&smem.empty[stage ^ 1], lane);
+      }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       warpgroup_fence_operand(tOrO);
-      if (kk > 0) release_part(&smem.empty[stage ^ 1], lane);
       // Keys the producer found invalid (or past the token's count) never count.
       const uint64_t valid = *reinterpret_cast<const volatile uint64_t*>(smem.valid[stage]);
       if (valid != ~0ull) {

@@ -2,6 +2,7 @@
 // validation, the split count, the workspace, and the launches of decode and combine.
 #include "cuda/sm90/sparse_decode/launch.h"
 
+#include <cstdint>
 #include <string>
 
 #include "core/str_cat.h"
@@ -31,9 +32,9 @@ int num_sms(int device_index) {
 }
 
 // The most splits any topk may get for this many CTAs a split: enough CTAs to fill the SMs
-// once; none when the unsplit grid already fills three quarters of them.
+// once (the workspace is sized by this bound).
 int max_splits(int sms, int64_t ctas) {
-  if (ctas <= 0 || 4 * ctas >= 3 * static_cast<int64_t>(sms)) return 1;
+  if (ctas <= 0 || ctas >= sms) return 1;
   const int64_t s = (sms + ctas - 1) / ctas;
   return static_cast<int>(s < kMaxSplits ? s : kMaxSplits);
 }
@@ -41,14 +42,26 @@ int max_splits(int sms, int64_t ctas) {
 struct Plan {
   int num_splits, tiles_per_split;
 };
-// Splits of at least two tiles each (a split pays Q's load and the pipeline's fill).
+// The split count with the least modelled time: waves of CTAs times (tiles a CTA walks + one
+// tile's worth for Q and the pipeline's fill), plus one for the combine when split, over 1 ..
+// max_splits. (Enough CTAs to fill the SMs, but in whole waves: 64 tokens x 1 m-block on 132
+// SMs take 2 splits in one wave, not 3 in two.)
 Plan plan_splits(int sms, int64_t ctas, int64_t max_tiles) {
-  int splits = max_splits(sms, ctas);
-  const int64_t by_tiles = max_tiles / 2 > 1 ? max_tiles / 2 : 1;
-  if (splits > by_tiles) splits = static_cast<int>(by_tiles);
   if (max_tiles == 0) return {1, 0};
-  const int tps = static_cast<int>((max_tiles + splits - 1) / splits);
-  return {static_cast<int>((max_tiles + tps - 1) / tps), tps};
+  const int limit = max_splits(sms, ctas);
+  int64_t best_cost = INT64_MAX;
+  Plan best = {1, static_cast<int>(max_tiles)};
+  for (int s = 1; s <= limit && s <= max_tiles; ++s) {
+    const int64_t tps = (max_tiles + s - 1) / s;
+    const int64_t splits = (max_tiles + tps - 1) / tps;
+    const int64_t waves = (ctas * splits + sms - 1) / sms;
+    const int64_t cost = waves * (tps + 1) + (splits > 1 ? 1 : 0);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = {static_cast<int>(splits), static_cast<int>(tps)};
+    }
+  }
+  return best;
 }
 
 // o_partial, lse_partial, max_partial (params.h).

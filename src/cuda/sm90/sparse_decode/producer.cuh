@@ -282,28 +282,35 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
   const int2 range = split_tiles(p, keys, split);
   const int my_key = 16 * warp + (lane & 15);
 
-  // The slot of this lane's key (lanes 0-15) of tile k, and its L2 prefetch.
-  auto lookup = [&](int k, bool prefetch) {
+  // The slot of this lane's key (lanes 0-15) of tile k (-1 past the split), and the L2 prefetch
+  // of that key's bytes.
+  auto slot_at = [&](int k) {
     if (lane >= 16 || k >= range.y) return -1;
-    const Tile tile = tile_at(keys, k);
-    const int slot = slot_of(p, tile, i, j, my_key);
-    const SparseCacheParams& c = p.cache[tile.cache];
-    if (prefetch && c.prefetch_bytes > 0 && slot >= 0 && slot < c.num_slots) {
+    return slot_of(p, tile_at(keys, k), i, j, my_key);
+  };
+  auto prefetch = [&](int k, int slot) {
+    if (lane >= 16 || k >= range.y) return;
+    const SparseCacheParams& c = p.cache[tile_at(keys, k).cache];
+    if (c.prefetch_bytes > 0 && slot >= 0 && slot < c.num_slots) {
       int block, offset;
       block_offset(c, slot, &block, &offset);
       prefetch_l2(c.base + static_cast<int64_t>(block) * c.block_stride + c.data_offset +
                       static_cast<int64_t>(offset) * c.data_stride,
                   c.prefetch_bytes);
     }
-    return slot;
   };
 
-  int next_slot = lookup(range.x, false);
+  // Indices run two tiles ahead and bytes one tile ahead: at tile k the index of tile k + 2 is
+  // requested (first used a tile later) and tile k + 1's keys, whose indices arrived during tile
+  // k - 1, go to L2; so no index load and no DRAM miss sits on a tile's critical path.
+  int next_slot = slot_at(range.x + 1);
+  int slot = slot_at(range.x);
+  prefetch(range.x, slot);
   for (int k = range.x; k < range.y; ++k) {
     const int kk = k - range.x;
     const int stage = kk & 1;
-    const int slot = next_slot;
-    next_slot = lookup(k + 1, true);  // the next tile's index, its bytes on their way to L2
+    const int after_next_slot = slot_at(k + 2);
+    prefetch(k + 1, next_slot);
     const Tile tile = tile_at(keys, k);
     const SparseCacheParams& c = p.cache[tile.cache];
     const bool valid = lane < 16 && slot >= 0 && slot < c.num_slots;
@@ -338,6 +345,8 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
     __syncwarp();
     if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+    slot = next_slot;
+    next_slot = after_next_slot;
   }
 }
 
