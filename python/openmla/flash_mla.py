@@ -214,8 +214,12 @@ def flash_mla_with_kvcache(
                          and fw.dtype_name(cache_seqlens) == "int32"
                          and len(cache_seqlens.shape) == 1)
             if plannable:
+                if (_api.check_values_enabled(check_values) and not _api._tracing(q)
+                        and fw.is_array(block_table) and len(block_table.shape) == 2):
+                    # The checked mode names cache_seqlens / block_table before planning.
+                    _api._check_dense_values(op, k_cache, block_table, cache_seqlens)
                 planned = _api.plan_decode_schedule(cache_seqlens, int(q.shape[1]),
-                                                    int(q.shape[2]), h_kv)
+                                                    int(q.shape[2]), h_kv, check_values=False)
                 sched.tile_scheduler_metadata, sched.num_splits = planned
         if sched.tile_scheduler_metadata is not None:
             schedule = _api.DecodeSchedule(sched.tile_scheduler_metadata, sched.num_splits)
