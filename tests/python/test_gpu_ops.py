@@ -31,7 +31,7 @@ if DEVICE == "cuda":
         pytest.skip("openmla was built without the CUDA backend (OPENMLA_CUDA=OFF or no nvcc)",
                     allow_module_level=True)
 
-OUT_RTOL = 1e-2   # ‖out − ref‖ / ‖ref‖ for bf16 (DESIGN §5)
+OUT_RTOL = 1e-2   # ‖out − ref‖ / ‖ref‖ for bf16 (docs/architecture.md, testing)
 LSE_ATOL = 1e-3
 
 
