@@ -240,10 +240,13 @@ def _sparse_keys(q, indices, topk_length, extra_indices, extra_topk_length):
     b = int(q.shape[0])
     frame = fw.framework_of(indices, "flash_mla_with_kvcache", "indices")
     keys = frame.zeros((b,), "int32", indices)
-    keys += topk_length if _int32_vector(topk_length, b) else int(indices.shape[-1])
+    topk = int(indices.shape[-1])
+    # (Lengths count clamped to [0, topk], as sparse decode counts them.)
+    keys += topk_length.clip(0, topk) if _int32_vector(topk_length, b) else topk
     if extra_indices is not None and fw.is_array(extra_indices) and len(extra_indices.shape) == 3:
-        keys += (extra_topk_length if _int32_vector(extra_topk_length, b)
-                 else int(extra_indices.shape[-1]))
+        extra = int(extra_indices.shape[-1])
+        keys += (extra_topk_length.clip(0, extra) if _int32_vector(extra_topk_length, b)
+                 else extra)
     return keys
 
 

@@ -137,6 +137,10 @@ def test_sched_meta_filled_after_sparse_and_dense_calls():
     assert np.array_equal(out.view(np.uint16), out2.view(np.uint16))
     want, _ = openmla.sparse_decode(q, cache, idx, topk_length=topk_length)
     assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+    meta, _ = flash_mla.get_mla_metadata()  # lengths outside [0, topk] count clamped
+    flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, meta, is_fp8_kvcache=True,
+                                     indices=idx, topk_length=np.array([-3, 99], np.int32))
+    assert meta.num_splits is not None
     q, k, bt, sl = dense_numpy()
     meta, _ = flash_mla.get_mla_metadata()
     flash_mla.flash_mla_with_kvcache(q, k, bt, sl, 512, meta)
