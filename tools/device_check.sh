@@ -235,6 +235,9 @@ else
     # The extension segfaulted here in libstdc++ number formatting (2026-12-02, NOTES of issue 4):
     # record what it links and whether it carries libstdc++ code of its own.
     {
+      # Where the compiler finds libstdc++.so: a bare name means it is missing and -lstdc++ falls
+      # back to libstdc++.a (the suspected cause of the static libstdc++ of issue 28).
+      echo "== c++ -print-file-name=libstdc++.so: $(c++ -print-file-name=libstdc++.so 2>&1)"
       echo "== ${ext[0]}: shared libraries"
       ldd "${ext[0]}" 2>&1 | grep -E "stdc|gcc_s|gomp|python|cudart" || true
       echo "== libstdc++ (std::) symbols defined in it: $(nm -D --defined-only "${ext[0]}" 2>/dev/null |
