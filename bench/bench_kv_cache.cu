@@ -1,4 +1,4 @@
-// KV-cache kernels benchmark (DESIGN §6): the device's copy bandwidth, then appending 4096 bf16
+// KV-cache kernels benchmark (docs/benchmarking.md): the device's copy bandwidth, then appending 4096 bf16
 // tokens into every format and converting a 1 GiB cache between formats, as GB/s of bytes read +
 // written and as a share of the copy bandwidth measured in the same run. CUDA-event timings of
 // each launch, the L2 flushed (a memset over max(256 MiB, 4 x L2)) before each, median of 15

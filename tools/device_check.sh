@@ -235,6 +235,9 @@ else
     # The extension segfaulted here in libstdc++ number formatting (2026-12-02, NOTES of issue 4):
     # record what it links and whether it carries libstdc++ code of its own.
     {
+      # Where the compiler finds libstdc++.so: a bare name means it is missing and -lstdc++ falls
+      # back to libstdc++.a (the suspected cause of the static libstdc++ of issue 28).
+      echo "== c++ -print-file-name=libstdc++.so: $(c++ -print-file-name=libstdc++.so 2>&1)"
       echo "== ${ext[0]}: shared libraries"
       ldd "${ext[0]}" 2>&1 | grep -E "stdc|gcc_s|gomp|python|cudart" || true
       echo "== libstdc++ (std::) symbols defined in it: $(nm -D --defined-only "${ext[0]}" 2>/dev/null |
@@ -242,6 +245,12 @@ else
       nm -D --defined-only "${ext[0]}" 2>/dev/null | grep -E ' _ZNSt(6locale|7codecvt|13basic_ostream)' |
         head -n 5 || true
     } >>"$LOG" 2>&1
+    # `import openmla` first in a fresh interpreter (issue 28: it died in ml_dtypes' float4 finfo
+    # once), then ml_dtypes and torch after it; and the extension's exported symbols (PyInit__C only).
+    run_step "$LOG" 120 python3 -c 'import openmla; import ml_dtypes; str(ml_dtypes.finfo(ml_dtypes.float4_e2m1fn)); import torch; print("import openmla first: OK", openmla.__version__, torch.__version__)'
+    exports="$(nm -D --defined-only "${ext[0]}" 2>/dev/null | wc -l)"
+    if [[ $STEP_RC -eq 0 ]]; then record import PASS "$STEP_SECONDS" "exported symbols: $exports"; else
+      record import FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) (139: SIGSEGV); exported symbols: $exports"; fi
     # Two runs, GPU tests first, so a crash in one cannot hide the other's results.
     for marker in gpu "not gpu"; do
       run_step "$LOG" "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts="" -rs -m "$marker" \
@@ -251,6 +260,16 @@ else
       if [[ $STEP_RC -eq 0 ]]; then record "$step" PASS "$STEP_SECONDS" "$summary"; else
         record "$step" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) $summary"; fi
     done
+    # The fast path with out-of-range lengths and block ids under memcheck (issue 28): no read
+    # outside the cache.
+    if [[ -n "$SANITIZER_BIN" && "${SKIP_SANITIZER:-0}" != 1 ]]; then
+      run_step "$LOG" 300 "$SANITIZER_BIN" --tool memcheck --error-exitcode 99 --print-limit 20 \
+        python3 -m pytest -q -o addopts="" -m gpu -p no:cacheprovider \
+        -k "fast_path_clamps or checked_mode" "$ROOT/tests/python/test_gpu_ops.py"
+      errors="$(grep -E 'ERROR SUMMARY' "$LOG" | tail -n 1 | sed 's/^========= //')"
+      if [[ $STEP_RC -eq 0 ]]; then record py_memcheck PASS "$STEP_SECONDS" "$errors"; else
+        record py_memcheck FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); $errors"; fi
+    fi
     run_step "$LOG" 180 python3 "$ROOT/examples/context_parallel_decode.py" --simulate 4
     if [[ $STEP_RC -eq 0 ]]; then record context_par PASS "$STEP_SECONDS" "$(grep -m1 '^simulated' "$LOG" | cut -c1-150); $(grep '^CUDA graph' "$LOG" | tail -n 1 | cut -c1-150)"; else
       record context_par FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
@@ -313,7 +332,7 @@ else
       record "${name#openmla_}" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"
     fi
   done
-  # Kernel-only time from the profiler trace, ANCHORS.md's method for FlashMLA (needs the Python
+  # Kernel-only time from the profiler trace, the method of FlashMLA's figures (needs the Python
   # package laid out above and torch).
   if [[ -n "${PKG:-}" && -d "${PKG:-}/openmla" ]]; then
     echo "===== bench/kernel_time.py" >>"$LOG"

@@ -1,4 +1,4 @@
-// KV-cache conversion between formats and layouts (DESIGN §3): e.g. an fp8_v32 cache into bf16
+// KV-cache conversion between formats and layouts (docs/formats.md): e.g. an fp8_v32 cache into bf16
 // for a prefill, or bf16 into fp8_mx. Every converted token is decode(src) then encode(dst), the
 // bytes exactly those of the host codecs (codec::decode_slot, then codec::encode_slot); every
 // byte of a converted dst token's data, scale and rope parts is written, nothing else in dst.

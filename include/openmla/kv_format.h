@@ -1,4 +1,4 @@
-// KV-cache formats (DESIGN §3) and the byte-layout descriptor of a paged cache.
+// KV-cache formats (docs/formats.md) and the byte-layout descriptor of a paged cache.
 //
 // A cache is `num_blocks` page blocks of `page_size` tokens, one kv head. Where a token's bytes sit
 // inside a block is a descriptor, not a constant: each token has up to three parts,
@@ -6,7 +6,7 @@
 //   scale (the per-group scales of a quantised format),
 //   rope  (an unquantised bf16 tail, for fp8_v32 and fp8_model1),
 // each at `offset + token * stride` bytes from the start of the block. The defaults below are the
-// layouts of DESIGN §3; `interleaved` puts every token's scales right after its data.
+// layouts of docs/formats.md; `interleaved` puts every token's scales right after its data.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +62,7 @@ struct KVLayout {
   int64_t rope_offset = 0, rope_stride = 0;
 };
 
-// The DESIGN §3 layout of a block of `page_size` tokens, blocks packed back to back
+// The docs/formats.md layout of a block of `page_size` tokens, blocks packed back to back
 // (fp8_model1's block stride padded to a multiple of 576 B).
 KVLayout default_kv_layout(KVFormat format, int page_size, int d_qk = 576);
 // Each token's data, rope and scales adjacent (stride = bytes_per_token), blocks packed.

@@ -1,4 +1,4 @@
-// The operations of OpenMLA (DESIGN §2). Every operation takes a plain arguments struct of views
+// The operations of OpenMLA (docs/semantics.md). Every operation takes a plain arguments struct of views
 // and caller-owned buffers, and a stream; it validates everything first and returns a Status naming
 // the argument on bad input. The backend is chosen from where the tensors live (all must agree):
 // CPU tensors run on the CPU backend (the stream is ignored), CUDA tensors on the GPU backend.
@@ -67,12 +67,15 @@ struct DecodeSchedule {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Dense decode (DESIGN §2.1): V3/V3.1 MLA in its absorbed (MQA) form.
+// Dense decode (docs/semantics.md, dense decode): V3/V3.1 MLA in its absorbed (MQA) form.
 struct DenseDecodeArgs {
   TensorView q;              // [b, s_q, h_q, d_qk] bf16|fp16, last dim contiguous
   TensorView k_cache;        // [num_blocks, page_size, h_kv, d_qk] q's dtype, last dim contiguous
   TensorView block_table;    // [b, max_blocks] int32
   TensorView cache_seqlens;  // [b] int32, 0 allowed, <= max_blocks * page_size
+                             // (CPU: checked, with the used block ids; GPU: not checked, no sync:
+                             // < 0 counts as 0, above the capacity as the capacity, a used block
+                             // id outside the cache reads zero keys; docs/errors.md)
   int d_v = 512;
   float softmax_scale = 0.f;
   bool causal = false;       // query j of request i sees keys t <= L_i - s_q + j
@@ -86,7 +89,7 @@ size_t dense_decode_workspace_size(Device device, int batch, int s_q, int h_q, i
 Status dense_decode(const DenseDecodeArgs& args, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
-// Sparse decode (DESIGN §2.2): V3.2 DSA, V4, V4.1. One kv head; indices address cache slots
+// Sparse decode (docs/semantics.md, sparse decode): V3.2 DSA, V4, V4.1. One kv head; indices address cache slots
 // `block * page_size + offset` directly; an index < 0 or >= num_blocks * page_size is ignored.
 struct SparseDecodeArgs {
   TensorView q;                 // [b, s_q, h_q, d_qk] bf16, last dim contiguous
@@ -110,10 +113,10 @@ size_t sparse_decode_workspace_size(Device device, int batch, int s_q, int h_q, 
 Status sparse_decode(const SparseDecodeArgs& args, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
-// Sparse prefill (DESIGN §2.3). The keys come either from `kv` (bf16 rows) or, straight from an
-// engine's paged cache in any format (dequantised on load, no upconversion pass), from
-// `kv_cache`: then `kv` is empty, h_kv is 1 and indices [s_q, 1, topk] name cache slots
-// block * page_size + offset (invalid: < 0 or >= num_blocks * page_size).
+// Sparse prefill (docs/semantics.md, sparse prefill). The keys come either from `kv` (bf16 rows)
+// or, straight from an engine's paged cache in any format (dequantised on load, no upconversion
+// pass), from `kv_cache`: then `kv` is empty, h_kv is 1 and indices [s_q, 1, topk] name cache
+// slots block * page_size + offset (invalid: < 0 or >= num_blocks * page_size).
 struct SparsePrefillArgs {
   TensorView q;            // [s_q, h_q, d_qk] bf16, last dim contiguous
   TensorView kv;           // [s_kv, h_kv, d_qk] bf16, last dim contiguous (or empty, see kv_cache)
@@ -132,7 +135,7 @@ size_t sparse_prefill_workspace_size(Device device, int s_q, int h_q, int d_v);
 Status sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
-// Merge of partial attention states (DESIGN §2.4): lse = log Σ exp(lse_i),
+// Merge of partial attention states (docs/semantics.md, merge): lse = log Σ exp(lse_i),
 // out = Σ exp(lse_i - lse) · out_i. A part whose lse is ±inf or NaN holds no keys and is skipped
 // (decode reports a lonely query as lse = +inf); when no part holds keys, out = 0 and lse = +inf.
 struct MergeStatesArgs {
@@ -144,7 +147,7 @@ struct MergeStatesArgs {
 Status merge_attention_states(const MergeStatesArgs& args, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
-// KV-cache write (DESIGN §2.5): quantise `kv[i]` into slot `slot_mapping[i]` = block * page_size +
+// KV-cache write (docs/semantics.md, KV-cache write): quantise `kv[i]` into slot `slot_mapping[i]` = block * page_size +
 // offset. -1 skips; like every index, a slot outside [0, num_blocks * page_size) is skipped (never
 // written), on every backend. Two rows naming one slot: which one lands is unspecified.
 struct KVCacheWriteArgs {

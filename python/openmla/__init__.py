@@ -4,11 +4,16 @@ Framework-neutral functions over numpy arrays and torch tensors (CPU or CUDA):
 
     dense_decode, sparse_decode, sparse_prefill, merge_attention_states,
     kv_cache_write, kv_cache_gather, kv_cache_convert, quantize, dequantize, new_kv_cache,
-    plan_decode_schedule, decode_num_sm_parts, kv_format_info, kv_layout, describe_kv_cache
+    plan_decode_schedule, decode_num_sm_parts, decode_workspace, decode_workspace_size,
+    kv_format_info, kv_layout, describe_kv_cache
 
-FlashMLA's interface: `import openmla.flash_mla as flash_mla`. With torch installed, the
-operations are also registered as torch.library custom ops (torch.ops.openmla.*) so that
-torch.compile and CUDA graphs work; torch is never required.
+FlashMLA's interface: `import openmla.flash_mla as flash_mla`, or, for code that imports
+`flash_mla` itself, install_flash_mla_alias() / OPENMLA_FLASH_MLA_ALIAS=1. With torch
+installed, the operations are also registered as torch.library custom ops (torch.ops.openmla.*)
+so that torch.compile and CUDA graphs work; torch is never required. ml_dtypes (bf16/fp8 numpy
+arrays) is imported only when such an array is handled.
+
+Documentation: docs/ in the source tree (architecture, semantics, formats, errors, benchmarking).
 """
 
 from . import _C
@@ -17,6 +22,8 @@ from ._api import (
     DecodeSchedule,
     cuda_backend_available,
     decode_num_sm_parts,
+    decode_workspace,
+    decode_workspace_size,
     dense_decode,
     dequantize,
     describe_kv_cache,
@@ -34,6 +41,7 @@ from ._api import (
     sparse_prefill,
 )
 from . import flash_mla
+from ._alias import install_flash_mla_alias
 
 __version__ = _C.__version__
 
@@ -47,8 +55,15 @@ else:
     torch_ops_registered = _torch_ops.registered
     del _torch
 
+from . import _alias as _alias_module
+
+if _alias_module.requested():
+    install_flash_mla_alias()
+del _alias_module
+
 __all__ = [
     "KV_FORMATS", "DecodeSchedule", "cuda_backend_available", "decode_num_sm_parts",
+    "decode_workspace", "decode_workspace_size", "install_flash_mla_alias",
     "dense_decode", "dequantize", "describe_kv_cache", "infer_kv_format", "kv_cache_convert",
     "kv_cache_gather", "kv_cache_write", "kv_format_info", "kv_layout", "merge_attention_states",
     "new_kv_cache", "plan_decode_schedule", "quantize", "sparse_decode", "sparse_prefill",

@@ -13,6 +13,7 @@ kv_cache_gather's output, quantize/dequantize).
 
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 from . import _C
@@ -23,6 +24,7 @@ __all__ = [
     "kv_cache_write", "kv_cache_gather", "kv_cache_convert", "quantize", "dequantize",
     "new_kv_cache", "plan_decode_schedule", "decode_num_sm_parts", "kv_format_info", "kv_layout",
     "describe_kv_cache", "cache_d_qk", "infer_kv_format", "KV_FORMATS", "cuda_backend_available",
+    "decode_workspace", "decode_workspace_size",
 ]
 
 KV_FORMATS = tuple(_C.kv_format_names())
@@ -109,8 +111,81 @@ def _stream(frame, like: Any, stream: Optional[int]) -> int:
     return frame.stream(like) if stream is None else int(stream)
 
 
-def _workspace(frame, like: Any, size: int):
-    return frame.empty((size,), "uint8", like) if size > 0 else None
+def _workspace(frame, like: Any, size: int, given: Any = None, op: str = "", device=None):
+    """The workspace of one call: `given` (the caller's, reused across calls: nothing is
+    allocated) after its checks, else a fresh buffer (None when the operation needs none)."""
+    if given is None:
+        return frame.empty((size,), "uint8", like) if size > 0 else None
+    _check(op, "workspace", given, ("uint8",), 1)
+    if fw.framework_of(given, op, "workspace") is not frame or (
+            device is not None and frame.device(given) != device):
+        raise ValueError(f"{op}: workspace: expected a uint8 array of q's framework and device")
+    if int(given.shape[0]) < size:
+        raise ValueError(f"{op}: workspace: expected at least {size} bytes "
+                         f"(decode_workspace_size), got {int(given.shape[0])}")
+    return given if size > 0 else None
+
+
+def _lse_buffer(frame, like: Any, b: int, s_q: int, h_q: int, op: str):
+    """lse [b, h_q, s_q] as FlashMLA returns it: a [b, s_q, h_q] buffer seen through
+    transpose(1, 2) (strides (s_q * h_q, 1, h_q)), so `lse.transpose(1, 2)` is contiguous."""
+    return frame.empty((b, s_q, h_q), "fp32", like, op, "lse").swapaxes(1, 2)
+
+
+def check_values_enabled(check_values: Optional[bool]) -> bool:
+    """The checked mode: `check_values`, or when None the environment's OPENMLA_CHECK_VALUES."""
+    if check_values is not None:
+        return bool(check_values)
+    return os.environ.get("OPENMLA_CHECK_VALUES", "0").strip().lower() not in (
+        "", "0", "false", "no", "off")
+
+
+def _host(x: Any):
+    """A numpy copy of x's values (a device-to-host copy and a sync for a CUDA tensor)."""
+    if fw.is_torch_tensor(x):
+        return x.detach().to("cpu").numpy()
+    return fw.np.asarray(x)
+
+
+def _check_lengths(op: str, arg: str, lengths: Any, upper: int, what: str) -> Any:
+    values = _host(lengths).astype(fw.np.int64)
+    bad = fw.np.nonzero((values < 0) | (values > upper))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{op}: {arg}[{i}]: expected 0 <= value <= {upper} ({what}), got "
+                         f"{int(values[i])} ({bad.size} bad value(s); checked mode)")
+    return values
+
+
+def _check_dense_values(op: str, k_cache, block_table, cache_seqlens) -> None:
+    """Checked mode of dense decode: every length within the block table's capacity and every
+    block id a request uses within the cache, else ValueError naming the entry."""
+    num_blocks, page_size = int(k_cache.shape[0]), int(k_cache.shape[1])
+    max_blocks = int(block_table.shape[1])
+    capacity = max_blocks * page_size
+    lengths = _check_lengths(op, "cache_seqlens", cache_seqlens, capacity,
+                             f"block_table holds {max_blocks} blocks of {page_size} tokens")
+    table = _host(block_table).astype(fw.np.int64)
+    used = (lengths + page_size - 1) // page_size
+    in_use = fw.np.arange(max_blocks)[None, :] < used[:, None]
+    bad = fw.np.argwhere(in_use & ((table < 0) | (table >= num_blocks)))
+    if bad.size:
+        i, j = (int(v) for v in bad[0])
+        raise ValueError(f"{op}: block_table[{i}, {j}]: expected a block in [0, {num_blocks}) "
+                         f"(request {i} uses its first {int(used[i])} entries), got "
+                         f"{int(table[i, j])} (checked mode)")
+
+
+def _check_sparse_values(op: str, indices, topk_length, extra_indices, extra_topk_length) -> None:
+    """Checked mode of sparse decode: topk_length / extra_topk_length within [0, topk]. (Index
+    values are not errors: an index outside the cache is ignored, never read.)"""
+    if topk_length is not None:
+        topk = int(indices.shape[-1])
+        _check_lengths(op, "topk_length", topk_length, topk, f"indices hold {topk} per query")
+    if extra_topk_length is not None and extra_indices is not None:
+        extra = int(extra_indices.shape[-1])
+        _check_lengths(op, "extra_topk_length", extra_topk_length, extra,
+                       f"extra_indices hold {extra} per query")
 
 
 def _device(frame, like: Any, op: str, arg: str) -> Tuple[str, int]:
@@ -160,12 +235,23 @@ def _schedule_args(schedule: Optional[DecodeSchedule]) -> dict:
 
 def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
                  softmax_scale: Optional[float] = None, causal: bool = False,
-                 schedule: Optional[DecodeSchedule] = None, out=None, lse=None,
-                 stream: Optional[int] = None):
+                 schedule: Optional[DecodeSchedule] = None, out=None, lse=None, workspace=None,
+                 check_values: Optional[bool] = None, stream: Optional[int] = None):
     """Dense decode (V3/V3.1 MLA, absorbed form): (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]).
 
     q [b, s_q, h_q, d_qk] bf16|fp16; k_cache [num_blocks, page_size, h_kv, d_qk] (q's dtype);
-    block_table [b, max_blocks] int32; cache_seqlens [b] int32.
+    block_table [b, max_blocks] int32; cache_seqlens [b] int32. lse has FlashMLA's strides
+    (a [b, s_q, h_q] buffer seen as [b, h_q, s_q]).
+
+    Values: on the CPU, a length outside [0, max_blocks * page_size] or a used block id outside
+    [0, num_blocks) raises ValueError. On the GPU nothing is checked by default (no host sync):
+    a negative length counts as 0 keys, a length above the capacity as the capacity, and a used
+    block id outside the cache reads zero keys; nothing outside the cache is ever read.
+    check_values=True (or OPENMLA_CHECK_VALUES=1) checks them on every device first and raises
+    ValueError naming the entry (it copies cache_seqlens and block_table to the host: a sync).
+
+    workspace: a uint8 [n] buffer of at least decode_workspace_size(...) bytes, reused across
+    calls (with out= and lse=, the call allocates nothing: CUDA-graph friendly).
     """
     op = "dense_decode"
     _check(op, "q", q, ("bf16", "fp16"), 4)
@@ -176,7 +262,8 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
     scale = _scale(op, softmax_scale)
     if _tracing(q):
         return _custom_ops().dense_decode(q, k_cache, block_table, cache_seqlens, d_v, scale,
-                                          bool(causal), schedule, out, lse)
+                                          bool(causal), schedule, out, lse, workspace,
+                                          check_values)
     b, s_q, h_q, _ = _shape(q)
     h_kv = int(k_cache.shape[2])
     qdt = fw.dtype_name(q)
@@ -185,18 +272,20 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
     else:
         _check_out(op, "out", out, (qdt,), (b, s_q, h_q, d_v))
     if lse is None:
-        lse = frame.empty((b, h_q, s_q), "fp32", q, op, "lse")
+        lse = _lse_buffer(frame, q, b, s_q, h_q, op)
     else:
         _check_out(op, "lse", lse, ("fp32",), (b, h_q, s_q))
     device = _device(frame, q, op, "q")
     ws = 0
     if h_kv >= 1 and h_q % h_kv == 0:
         ws = _C.dense_decode_workspace_size(device[0], device[1], b, s_q, h_q, h_kv, d_v)
+    ws_array = _workspace(frame, q, ws, workspace, op, device)
+    if check_values_enabled(check_values) and len(k_cache.shape) == 4:
+        _check_dense_values(op, k_cache, block_table, cache_seqlens)
     with frame.guard(q):
         _C.dense_decode(fw.to_c(q), fw.to_c(k_cache), fw.to_c(block_table),
                         fw.to_c(cache_seqlens), fw.to_c(out), fw.to_c(lse), d_v=d_v,
-                        softmax_scale=scale, causal=bool(causal),
-                        workspace=fw.to_c(_workspace(frame, q, ws)),
+                        softmax_scale=scale, causal=bool(causal), workspace=fw.to_c(ws_array),
                         stream=_stream(frame, q, stream), **_schedule_args(schedule))
     return out, lse
 
@@ -207,12 +296,17 @@ def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extr
                   extra_kv_layout: str = "default", d_v: int = 512,
                   softmax_scale: Optional[float] = None,
                   schedule: Optional[DecodeSchedule] = None, out=None, lse=None,
+                  workspace=None, check_values: Optional[bool] = None,
                   stream: Optional[int] = None):
     """Sparse decode (V3.2 DSA, V4, V4.1). Returns (out [b, s_q, h_q, d_v] bf16, lse [b, h_q, s_q]).
 
     q [b, s_q, h_q, d_qk] bf16; k_cache: cache bytes [num_blocks, page_size, 1, bytes_per_token]
     (format from bytes per token, or `kv_format`) or a bf16 cache [num_blocks, page_size, 1, d_qk];
-    indices [b, s_q, topk] int32 of slots block * page_size + offset (out of range: ignored).
+    indices [b, s_q, topk] int32 of slots block * page_size + offset (out of range: ignored,
+    never read). lse has FlashMLA's strides (a [b, s_q, h_q] buffer seen as [b, h_q, s_q]).
+    topk_length[i] counts the first entries of request i, clamped to [0, topk];
+    check_values=True (or OPENMLA_CHECK_VALUES=1) raises ValueError for a length outside
+    [0, topk] instead (a host copy: a sync). workspace: as for dense_decode.
     """
     op = "sparse_decode"
     _check(op, "q", q, ("bf16",), 4)
@@ -231,18 +325,21 @@ def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extr
         return _custom_ops().sparse_decode(
             q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
             extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
-            scale, schedule, out, lse)
+            scale, schedule, out, lse, workspace, check_values)
     b, s_q, h_q, _ = _shape(q)
     if out is None:
         out = frame.empty((b, s_q, h_q, d_v), "bf16", q, op, "out")
     else:
         _check_out(op, "out", out, ("bf16",), (b, s_q, h_q, d_v))
     if lse is None:
-        lse = frame.empty((b, h_q, s_q), "fp32", q, op, "lse")
+        lse = _lse_buffer(frame, q, b, s_q, h_q, op)
     else:
         _check_out(op, "lse", lse, ("fp32",), (b, h_q, s_q))
     device = _device(frame, q, op, "q")
     ws = _C.sparse_decode_workspace_size(device[0], device[1], b, s_q, h_q, d_v)
+    ws_array = _workspace(frame, q, ws, workspace, op, device)
+    if check_values_enabled(check_values):
+        _check_sparse_values(op, indices, topk_length, extra_indices, extra_topk_length)
     with frame.guard(q):
         _C.sparse_decode(
             fw.to_c(q), fw.to_c(k_cache), fw.to_c(indices), fw.to_c(out), fw.to_c(lse),
@@ -250,7 +347,7 @@ def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extr
             extra_k_cache=fw.to_c(extra_k_cache), extra_k_cache_format=extra_kv_format,
             extra_k_cache_layout=extra_kv_layout, extra_indices=fw.to_c(extra_indices),
             extra_topk_length=fw.to_c(extra_topk_length), attn_sink=fw.to_c(attn_sink), d_v=d_v,
-            softmax_scale=scale, workspace=fw.to_c(_workspace(frame, q, ws)),
+            softmax_scale=scale, workspace=fw.to_c(ws_array),
             stream=_stream(frame, q, stream), **_schedule_args(schedule))
     return out, lse
 
@@ -528,22 +625,65 @@ def decode_num_sm_parts(like, s_q: int, h_q: int, h_kv: int = 1) -> int:
     return _C.decode_num_sm_parts(device[0], device[1], s_q, h_q, h_kv)
 
 
+def decode_workspace_size(like, batch: int, s_q: int, h_q: int, h_kv: int = 1, d_v: int = 512,
+                          *, sparse: bool = False) -> int:
+    """Bytes of workspace a dense (or, with sparse=True, sparse) decode of these shapes needs on
+    `like`'s device (a tensor) or on "cpu" / "cuda[:N]"; 0 when it needs none."""
+    if isinstance(like, str):
+        kind, _, index = like.partition(":")
+        device = (kind, int(index) if index else 0)
+    else:
+        frame = fw.framework_of(like, "decode_workspace_size", "like")
+        device = _device(frame, like, "decode_workspace_size", "like")
+    if sparse:
+        return _C.sparse_decode_workspace_size(device[0], device[1], batch, s_q, h_q, d_v)
+    return _C.dense_decode_workspace_size(device[0], device[1], batch, s_q, h_q, h_kv, d_v)
+
+
+def decode_workspace(q, *, h_kv: int = 1, d_v: int = 512, sparse: bool = False):
+    """A workspace buffer (uint8 [bytes], at least 1 byte) for decodes of q's shapes, allocated
+    once with q's framework on q's device, to pass as workspace= to every call of a step."""
+    op = "decode_workspace"
+    _require_array(op, "q", q)
+    frame = fw.framework_of(q, op, "q")
+    b, s_q, h_q = (int(x) for x in q.shape[:3])
+    size = decode_workspace_size(q, b, s_q, h_q, h_kv, d_v, sparse=sparse)
+    return frame.empty((max(size, 1),), "uint8", q, op, "workspace")
+
+
 def plan_decode_schedule(seqlens, s_q: int, h_q: int, h_kv: int = 1, *,
                          num_sm_parts: Optional[int] = None, block_tokens: int = 64,
+                         out: Optional[DecodeSchedule] = None,
+                         check_values: Optional[bool] = None,
                          stream: Optional[int] = None) -> DecodeSchedule:
-    """Plans a split-KV schedule from seqlens [b] int32 (keys per request) on seqlens' device."""
+    """Plans a split-KV schedule from seqlens [b] int32 (keys per request) on seqlens' device.
+
+    num_sm_parts: workers (default decode_num_sm_parts on seqlens' device). out: a schedule
+    planned earlier for the same batch size and workers, refilled in place (no allocation).
+    A negative length raises ValueError on the CPU; on the GPU it counts as 0 keys unless
+    check_values=True (or OPENMLA_CHECK_VALUES=1), which raises (a host copy: a sync)."""
     op = "plan_decode_schedule"
     _check(op, "seqlens", seqlens, ("int32",), 1)
     frame = fw.framework_of(seqlens, op, "seqlens")
-    if num_sm_parts is None:
-        num_sm_parts = decode_num_sm_parts(seqlens, s_q, h_q, h_kv)
-    if num_sm_parts < 1:
+    if num_sm_parts is not None and num_sm_parts < 1:
         raise ValueError(f"{op}: num_sm_parts: expected >= 1, got {num_sm_parts}")
     if _tracing(seqlens):
-        return _custom_ops().plan_decode_schedule(seqlens, s_q, h_q, h_kv, num_sm_parts,
-                                                  block_tokens)
-    metadata = frame.empty((num_sm_parts, _C.SCHEDULE_METADATA_INTS), "int32", seqlens)
-    num_splits = frame.empty((int(seqlens.shape[0]) + 1,), "int32", seqlens)
+        # num_sm_parts None: the custom op resolves it (0) for the device, outside the trace.
+        return _custom_ops().plan_decode_schedule(seqlens, s_q, h_q, h_kv, num_sm_parts or 0,
+                                                  block_tokens, out)
+    if num_sm_parts is None:
+        num_sm_parts = (int(out[0].shape[0]) if out is not None else
+                        decode_num_sm_parts(seqlens, s_q, h_q, h_kv))
+    if check_values_enabled(check_values):
+        _check_lengths(op, "seqlens", seqlens, 2**31 - 1, "keys per request")
+    if out is not None:
+        metadata, num_splits = out
+        _check_out(op, "out.metadata", metadata, ("int32",),
+                   (num_sm_parts, _C.SCHEDULE_METADATA_INTS))
+        _check_out(op, "out.num_splits", num_splits, ("int32",), (int(seqlens.shape[0]) + 1,))
+    else:
+        metadata = frame.empty((num_sm_parts, _C.SCHEDULE_METADATA_INTS), "int32", seqlens)
+        num_splits = frame.empty((int(seqlens.shape[0]) + 1,), "int32", seqlens)
     with frame.guard(seqlens):
         _C.plan_decode_schedule(fw.to_c(seqlens), fw.to_c(metadata), fw.to_c(num_splits), s_q, h_q,
                                 h_kv, num_sm_parts=num_sm_parts, block_tokens=block_tokens,

@@ -16,11 +16,6 @@ import numpy as np
 
 from . import _C
 
-try:  # numpy has no bfloat16/float8 of its own
-    import ml_dtypes as _ml_dtypes
-except ImportError:  # pragma: no cover - exercised only without ml_dtypes
-    _ml_dtypes = None
-
 # Canonical dtype names (the C++ API's, plus the byte dtypes a cache may arrive as).
 _NUMPY_NAMES = {
     np.dtype(np.float16): "fp16",
@@ -34,12 +29,36 @@ _NUMPY_NAMES = {
     np.dtype(np.uint16): "uint16",
     np.dtype(np.bool_): "bool",
 }
-if _ml_dtypes is not None:
-    _NUMPY_NAMES[np.dtype(_ml_dtypes.bfloat16)] = "bf16"
-    for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float8_e4m3fnuz",
-                  "float8_e5m2fnuz", "float8_e4m3"):
-        if hasattr(_ml_dtypes, _name):
-            _NUMPY_NAMES[np.dtype(getattr(_ml_dtypes, _name))] = _name.replace("float8", "fp8")
+
+# numpy has no bfloat16/float8 of its own: ml_dtypes provides them. It is optional and imported
+# only when it is needed (never by `import openmla`): a numpy array of one of its dtypes can only
+# exist once the caller has imported it, and a bf16 numpy output is allocated with it.
+_ML_FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float8_e4m3fnuz",
+              "float8_e5m2fnuz", "float8_e4m3")
+_ml_dtypes: Any = None
+
+
+def _load_ml_dtypes(import_it: bool) -> Any:
+    """ml_dtypes, once the process has imported it (or, with import_it, after importing it
+    here); None when it is not there. Its dtypes join _NUMPY_NAMES the first time."""
+    global _ml_dtypes
+    if _ml_dtypes is not None:
+        return _ml_dtypes
+    module = sys.modules.get("ml_dtypes")
+    if module is None and import_it:
+        try:
+            import ml_dtypes as module
+        except ImportError:
+            return None
+    if module is None:
+        return None
+    _NUMPY_NAMES[np.dtype(module.bfloat16)] = "bf16"
+    for name in _ML_FLOAT8:
+        if hasattr(module, name):
+            _NUMPY_NAMES[np.dtype(getattr(module, name))] = name.replace("float8", "fp8")
+    _ml_dtypes = module
+    return module
+
 
 # Dtypes a KV cache's bytes may come as.
 BYTE_DTYPES = ("uint8", "int8", "fp8_e4m3fn", "fp8_e5m2", "fp8_e8m0fnu", "fp8_e4m3fnuz",
@@ -85,15 +104,18 @@ class Numpy:
         # (Not .get(dtype, str(dtype)): that formats the dtype on every call, ~40% of a small
         # merge's Python time.)
         name = _NUMPY_NAMES.get(x.dtype)
+        if name is None and _ml_dtypes is None and _load_ml_dtypes(False) is not None:
+            name = _NUMPY_NAMES.get(x.dtype)
         return name if name is not None else str(x.dtype)
 
     @staticmethod
     def np_dtype(name: str, op: str, arg: str) -> np.dtype:
         if name == "bf16":
-            if _ml_dtypes is None:
+            ml_dtypes = _load_ml_dtypes(True)
+            if ml_dtypes is None:
                 raise TypeError(f"{op}: {arg}: numpy has no bfloat16; install ml_dtypes "
                                 "(pip install ml_dtypes) or use torch tensors")
-            return np.dtype(_ml_dtypes.bfloat16)
+            return np.dtype(ml_dtypes.bfloat16)
         return np.dtype({"fp16": np.float16, "fp32": np.float32, "int32": np.int32,
                          "int64": np.int64, "uint8": np.uint8}[name])
 

@@ -33,6 +33,20 @@ def _schedule(metadata: Optional[Tensor], num_splits: Optional[Tensor]):
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _new_lse(q: Tensor, b: int, s_q: int, h_q: int) -> Tensor:
+    """lse [b, h_q, s_q] with FlashMLA's strides, as _api allocates it."""
+    return q.new_empty((b, s_q, h_q), dtype=torch.float32).transpose(1, 2)
+
+
+def num_sm_parts_for(seqlens: Tensor, s_q: int, h_q: int, h_kv: int) -> int:
+    """decode_num_sm_parts on seqlens' device (also for fake tensors: a device and shapes)."""
+    device = seqlens.device
+    index = device.index
+    if device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    return _C.decode_num_sm_parts(device.type, index or 0, s_q, h_q, h_kv)
+
+
 def _register() -> None:
     global registered
     if registered or not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
@@ -40,74 +54,80 @@ def _register() -> None:
     custom_op = torch.library.custom_op
 
     # --- dense decode ---------------------------------------------------------------------
-    @custom_op(f"{_NS}::dense_decode", mutates_args=())
+    # (check_values: 0 off, 1 on, -1 the environment's OPENMLA_CHECK_VALUES at run time.)
+    @custom_op(f"{_NS}::dense_decode", mutates_args=("workspace",))
     def dense_decode(q: Tensor, k_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
                      d_v: int, softmax_scale: float, causal: bool,
-                     sched_metadata: Optional[Tensor],
-                     sched_num_splits: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                     sched_metadata: Optional[Tensor], sched_num_splits: Optional[Tensor],
+                     workspace: Optional[Tensor], check_values: int) -> Tuple[Tensor, Tensor]:
         return _api.dense_decode(q, k_cache, block_table, cache_seqlens, d_v=d_v,
                                  softmax_scale=softmax_scale or None, causal=causal,
-                                 schedule=_schedule(sched_metadata, sched_num_splits))
+                                 schedule=_schedule(sched_metadata, sched_num_splits),
+                                 workspace=workspace, check_values=_checked(check_values))
 
     @dense_decode.register_fake
     def _(q, k_cache, block_table, cache_seqlens, d_v, softmax_scale, causal, sched_metadata,
-          sched_num_splits):
+          sched_num_splits, workspace, check_values):
         b, s_q, h_q, _ = q.shape
-        return q.new_empty((b, s_q, h_q, d_v)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
+        return q.new_empty((b, s_q, h_q, d_v)), _new_lse(q, b, s_q, h_q)
 
-    @custom_op(f"{_NS}::dense_decode_out", mutates_args=("out", "lse"))
+    @custom_op(f"{_NS}::dense_decode_out", mutates_args=("out", "lse", "workspace"))
     def dense_decode_out(q: Tensor, k_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
                          d_v: int, softmax_scale: float, causal: bool,
                          sched_metadata: Optional[Tensor], sched_num_splits: Optional[Tensor],
-                         out: Tensor, lse: Tensor) -> None:
+                         out: Tensor, lse: Tensor, workspace: Optional[Tensor],
+                         check_values: int) -> None:
         _api.dense_decode(q, k_cache, block_table, cache_seqlens, d_v=d_v,
                           softmax_scale=softmax_scale or None, causal=causal,
-                          schedule=_schedule(sched_metadata, sched_num_splits), out=out, lse=lse)
+                          schedule=_schedule(sched_metadata, sched_num_splits), out=out, lse=lse,
+                          workspace=workspace, check_values=_checked(check_values))
 
     @dense_decode_out.register_fake
     def _(*args):
         return None
 
     # --- sparse decode --------------------------------------------------------------------
-    @custom_op(f"{_NS}::sparse_decode", mutates_args=())
+    @custom_op(f"{_NS}::sparse_decode", mutates_args=("workspace",))
     def sparse_decode(q: Tensor, k_cache: Tensor, indices: Tensor, topk_length: Optional[Tensor],
                       attn_sink: Optional[Tensor], extra_k_cache: Optional[Tensor],
                       extra_indices: Optional[Tensor], extra_topk_length: Optional[Tensor],
                       kv_format: Optional[str], kv_layout: str, extra_kv_format: Optional[str],
                       extra_kv_layout: str, d_v: int, softmax_scale: float,
-                      sched_metadata: Optional[Tensor],
-                      sched_num_splits: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                      sched_metadata: Optional[Tensor], sched_num_splits: Optional[Tensor],
+                      workspace: Optional[Tensor], check_values: int) -> Tuple[Tensor, Tensor]:
         return _api.sparse_decode(
             q, k_cache, indices, topk_length=topk_length, attn_sink=attn_sink,
             extra_k_cache=extra_k_cache, extra_indices=extra_indices,
             extra_topk_length=extra_topk_length, kv_format=kv_format, kv_layout=kv_layout,
             extra_kv_format=extra_kv_format, extra_kv_layout=extra_kv_layout, d_v=d_v,
             softmax_scale=softmax_scale or None,
-            schedule=_schedule(sched_metadata, sched_num_splits))
+            schedule=_schedule(sched_metadata, sched_num_splits), workspace=workspace,
+            check_values=_checked(check_values))
 
     @sparse_decode.register_fake
     def _(q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
           extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
-          softmax_scale, sched_metadata, sched_num_splits):
+          softmax_scale, sched_metadata, sched_num_splits, workspace, check_values):
         b, s_q, h_q, _ = q.shape
-        return (q.new_empty((b, s_q, h_q, d_v), dtype=torch.bfloat16),
-                q.new_empty((b, h_q, s_q), dtype=torch.float32))
+        return (q.new_empty((b, s_q, h_q, d_v), dtype=torch.bfloat16), _new_lse(q, b, s_q, h_q))
 
-    @custom_op(f"{_NS}::sparse_decode_out", mutates_args=("out", "lse"))
+    @custom_op(f"{_NS}::sparse_decode_out", mutates_args=("out", "lse", "workspace"))
     def sparse_decode_out(q: Tensor, k_cache: Tensor, indices: Tensor,
                           topk_length: Optional[Tensor], attn_sink: Optional[Tensor],
                           extra_k_cache: Optional[Tensor], extra_indices: Optional[Tensor],
                           extra_topk_length: Optional[Tensor], kv_format: Optional[str],
                           kv_layout: str, extra_kv_format: Optional[str], extra_kv_layout: str,
                           d_v: int, softmax_scale: float, sched_metadata: Optional[Tensor],
-                          sched_num_splits: Optional[Tensor], out: Tensor, lse: Tensor) -> None:
+                          sched_num_splits: Optional[Tensor], out: Tensor, lse: Tensor,
+                          workspace: Optional[Tensor], check_values: int) -> None:
         _api.sparse_decode(
             q, k_cache, indices, topk_length=topk_length, attn_sink=attn_sink,
             extra_k_cache=extra_k_cache, extra_indices=extra_indices,
             extra_topk_length=extra_topk_length, kv_format=kv_format, kv_layout=kv_layout,
             extra_kv_format=extra_kv_format, extra_kv_layout=extra_kv_layout, d_v=d_v,
             softmax_scale=softmax_scale or None,
-            schedule=_schedule(sched_metadata, sched_num_splits), out=out, lse=lse)
+            schedule=_schedule(sched_metadata, sched_num_splits), out=out, lse=lse,
+            workspace=workspace, check_values=_checked(check_values))
 
     @sparse_decode_out.register_fake
     def _(*args):
@@ -175,17 +195,32 @@ def _register() -> None:
         return None
 
     # --- schedule -------------------------------------------------------------------------
+    # num_sm_parts 0: decode_num_sm_parts for seqlens' device, resolved here (outside the trace).
     @custom_op(f"{_NS}::plan_decode_schedule", mutates_args=())
     def plan_decode_schedule(seqlens: Tensor, s_q: int, h_q: int, h_kv: int, num_sm_parts: int,
                              block_tokens: int) -> Tuple[Tensor, Tensor]:
-        schedule = _api.plan_decode_schedule(seqlens, s_q, h_q, h_kv, num_sm_parts=num_sm_parts,
+        schedule = _api.plan_decode_schedule(seqlens, s_q, h_q, h_kv,
+                                             num_sm_parts=num_sm_parts or None,
                                              block_tokens=block_tokens)
         return schedule.metadata, schedule.num_splits
 
     @plan_decode_schedule.register_fake
     def _(seqlens, s_q, h_q, h_kv, num_sm_parts, block_tokens):
-        return (seqlens.new_empty((num_sm_parts, _C.SCHEDULE_METADATA_INTS), dtype=torch.int32),
+        parts = num_sm_parts or num_sm_parts_for(seqlens, s_q, h_q, h_kv)
+        return (seqlens.new_empty((parts, _C.SCHEDULE_METADATA_INTS), dtype=torch.int32),
                 seqlens.new_empty((seqlens.shape[0] + 1,), dtype=torch.int32))
+
+    @custom_op(f"{_NS}::plan_decode_schedule_out", mutates_args=("metadata", "num_splits"))
+    def plan_decode_schedule_out(seqlens: Tensor, s_q: int, h_q: int, h_kv: int,
+                                 num_sm_parts: int, block_tokens: int, metadata: Tensor,
+                                 num_splits: Tensor) -> None:
+        _api.plan_decode_schedule(seqlens, s_q, h_q, h_kv, num_sm_parts=num_sm_parts or None,
+                                  block_tokens=block_tokens,
+                                  out=_api.DecodeSchedule(metadata, num_splits))
+
+    @plan_decode_schedule_out.register_fake
+    def _(*args):
+        return None
 
     registered = True
 
@@ -199,33 +234,43 @@ def _ops():
 
 # --- wrappers the _api functions call while torch.compile traces ------------------------------
 
+def _checked(flag: int) -> Optional[bool]:
+    return None if flag < 0 else bool(flag)
+
+
+def _flag(check_values: Optional[bool]) -> int:
+    return -1 if check_values is None else int(bool(check_values))
+
+
 def dense_decode(q, k_cache, block_table, cache_seqlens, d_v, softmax_scale, causal, schedule,
-                 out, lse):
+                 out, lse, workspace=None, check_values=None):
     md, ns = schedule if schedule is not None else (None, None)
+    flag = _flag(check_values)
     if out is None and lse is None:
         return _ops().dense_decode(q, k_cache, block_table, cache_seqlens, d_v, softmax_scale,
-                                   causal, md, ns)
+                                   causal, md, ns, workspace, flag)
     b, s_q, h_q, _ = q.shape
     out = q.new_empty((b, s_q, h_q, d_v)) if out is None else out
-    lse = q.new_empty((b, h_q, s_q), dtype=torch.float32) if lse is None else lse
+    lse = _new_lse(q, b, s_q, h_q) if lse is None else lse
     _ops().dense_decode_out(q, k_cache, block_table, cache_seqlens, d_v, softmax_scale, causal,
-                            md, ns, out, lse)
+                            md, ns, out, lse, workspace, flag)
     return out, lse
 
 
 def sparse_decode(q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
                   extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
-                  softmax_scale, schedule, out, lse):
+                  softmax_scale, schedule, out, lse, workspace=None, check_values=None):
     md, ns = schedule if schedule is not None else (None, None)
     args = (q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
             extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
             softmax_scale, md, ns)
+    flag = _flag(check_values)
     if out is None and lse is None:
-        return _ops().sparse_decode(*args)
+        return _ops().sparse_decode(*args, workspace, flag)
     b, s_q, h_q, _ = q.shape
     out = q.new_empty((b, s_q, h_q, d_v), dtype=torch.bfloat16) if out is None else out
-    lse = q.new_empty((b, h_q, s_q), dtype=torch.float32) if lse is None else lse
-    _ops().sparse_decode_out(*args, out, lse)
+    lse = _new_lse(q, b, s_q, h_q) if lse is None else lse
+    _ops().sparse_decode_out(*args, out, lse, workspace, flag)
     return out, lse
 
 
@@ -251,6 +296,10 @@ def kv_cache_convert(src, dst, src_format, src_layout, dst_format, dst_layout, s
                             dst_blocks)
 
 
-def plan_decode_schedule(seqlens, s_q, h_q, h_kv, num_sm_parts, block_tokens):
+def plan_decode_schedule(seqlens, s_q, h_q, h_kv, num_sm_parts, block_tokens, out=None):
+    if out is not None:
+        _ops().plan_decode_schedule_out(seqlens, s_q, h_q, h_kv, num_sm_parts, block_tokens,
+                                        out[0], out[1])
+        return out
     return _api.DecodeSchedule(*_ops().plan_decode_schedule(seqlens, s_q, h_q, h_kv,
                                                             num_sm_parts, block_tokens))

@@ -1,13 +1,21 @@
 """FlashMLA's Python interface, served by OpenMLA: `import openmla.flash_mla as flash_mla`.
 
+An engine that imports `flash_mla` (or `flash_mla.flash_mla_interface`) switches without code
+edits through the opt-in alias: `openmla.install_flash_mla_alias()`, or OPENMLA_FLASH_MLA_ALIAS=1
+in the environment (see openmla/_alias.py).
+
 The names, signatures and return shapes are FlashMLA's (flash_mla/flash_mla_interface.py):
 get_mla_metadata, flash_mla_with_kvcache (dense and sparse decode), flash_mla_sparse_fwd (sparse
-prefill) and FlashMLASchedMeta. Differences:
+prefill) and FlashMLASchedMeta; lse comes back as FlashMLA's: [b, h_q, s_q] with strides
+(s_q * h_q, 1, h_q). Differences:
   * tensors may be numpy arrays as well as torch tensors, on the CPU as well as on the GPU;
-  * a sparse k_cache may be any format of DESIGN §3 (inferred from bytes per token: 656 V3.2,
-    584 V4, 528 V4.1, 288 V4.1 fp4; or a bf16 cache), in the default or a token-interleaved
-    layout (keyword-only kv_format / kv_layout / extra_kv_format / extra_kv_layout);
-  * flash_mla_with_kvcache takes keyword-only `out=` / `lse=` to write into existing buffers;
+  * a sparse k_cache may be any KV format of docs/formats.md (inferred from bytes per token:
+    656 V3.2, 584 V4, 528 V4.1, 288 V4.1 fp4; or a bf16 cache), in the default or a
+    token-interleaved layout (keyword-only kv_format / kv_layout / extra_kv_format /
+    extra_kv_layout);
+  * flash_mla_with_kvcache takes keyword-only `out=` / `lse=` to write into existing buffers,
+    `workspace=` (else the FlashMLASchedMeta keeps one from its first call, so later calls
+    allocate nothing but their outputs) and `check_values=` (docs/errors.md);
   * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts.
 Not implemented yet (NotImplementedError): dense decode over an FP8 cache, indexer_topk > 0 in
 flash_mla_sparse_fwd, and the dense MHA prefill functions (flash_attn_varlen_*).
@@ -16,10 +24,12 @@ flash_mla_sparse_fwd, and the dense MHA prefill functions (flash_attn_varlen_*).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Optional, Tuple
 
 from . import _api
 from . import _frameworks as fw
+from ._C import __version__
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache",
            "flash_mla_sparse_fwd", "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
@@ -48,8 +58,9 @@ class FlashMLASchedMeta:
 
     have_initialized: bool = False
     config: Optional[Config] = None
-    tile_scheduler_metadata: Any = None  # [num_sm_parts, 8] int32 (dense decode), else None
-    num_splits: Any = None               # [batch + 1] int32 (dense decode), else None
+    tile_scheduler_metadata: Any = None  # [num_sm_parts, 8] int32, filled by the first call
+    num_splits: Any = None               # [batch + 1] int32, filled by the first call
+    workspace: Any = None                # OpenMLA's: the decode workspace, reused by later calls
 
 
 def get_mla_metadata(*args: Any, **kwargs: Any) -> Tuple[FlashMLASchedMeta, None]:
@@ -103,6 +114,8 @@ def flash_mla_with_kvcache(
     *,
     out=None,
     lse=None,
+    workspace=None,
+    check_values: Optional[bool] = None,
     kv_format: Optional[str] = None,
     kv_layout: str = "default",
     extra_kv_format: Optional[str] = None,
@@ -116,6 +129,13 @@ def flash_mla_with_kvcache(
     Sparse (indices [b, s_q, topk] int32 of slots block * page_size + offset): q bf16, k_cache of
     any format, block_table / cache_seqlens unused, optional topk_length [b], attn_sink [h_q]
     float32, extra_k_cache + extra_indices_in_kvcache [b, s_q, extra_topk] + extra_topk_length.
+
+    The first call with a FlashMLASchedMeta fills its tile_scheduler_metadata / num_splits (dense:
+    planned from cache_seqlens; sparse: from the counted indices, topk_length + extra_topk_length)
+    and its workspace; later calls (the other layers of the step) reuse them. Values
+    (cache_seqlens, block_table, topk_length) are checked as openmla.dense_decode /
+    sparse_decode do: on the CPU always, on the GPU with check_values=True or
+    OPENMLA_CHECK_VALUES=1 (docs/errors.md).
     """
     op = "flash_mla_with_kvcache"
     sched = tile_scheduler_metadata
@@ -152,12 +172,24 @@ def flash_mla_with_kvcache(
         if is_fp8_kvcache and not cache_is_bytes:
             raise ValueError(f"{op}: is_fp8_kvcache: True, but k_cache has dtype "
                              f"{fw.dtype_name(k_cache)} (an FP8 cache is uint8/float8 bytes)")
+        schedule = None
+        if sched is not None:
+            if sched.tile_scheduler_metadata is None and _plannable_sparse(q, indices):
+                keys = _sparse_keys(q, indices, topk_length, extra_indices_in_kvcache,
+                                    extra_topk_length)
+                planned = _api.plan_decode_schedule(keys, int(q.shape[1]), int(q.shape[2]), 1)
+                sched.tile_scheduler_metadata, sched.num_splits = planned
+            if sched.tile_scheduler_metadata is not None:
+                schedule = _api.DecodeSchedule(sched.tile_scheduler_metadata, sched.num_splits)
+            if workspace is None:
+                workspace = _sched_workspace(sched, q, head_dim_v, sparse=True)
         return _api.sparse_decode(
             q, k_cache, indices, topk_length=topk_length, attn_sink=attn_sink,
             extra_k_cache=extra_k_cache, extra_indices=extra_indices_in_kvcache,
             extra_topk_length=extra_topk_length, kv_format=kv_format, kv_layout=kv_layout,
             extra_kv_format=extra_kv_format, extra_kv_layout=extra_kv_layout, d_v=head_dim_v,
-            softmax_scale=softmax_scale, out=out, lse=lse)
+            softmax_scale=softmax_scale, schedule=schedule, out=out, lse=lse,
+            workspace=workspace, check_values=check_values)
 
     for name, value in (("attn_sink", attn_sink), ("extra_k_cache", extra_k_cache),
                         ("extra_indices_in_kvcache", extra_indices_in_kvcache),
@@ -182,14 +214,58 @@ def flash_mla_with_kvcache(
                          and fw.dtype_name(cache_seqlens) == "int32"
                          and len(cache_seqlens.shape) == 1)
             if plannable:
+                if (_api.check_values_enabled(check_values) and not _api._tracing(q)
+                        and fw.is_array(block_table) and len(block_table.shape) == 2):
+                    # The checked mode names cache_seqlens / block_table before planning.
+                    _api._check_dense_values(op, k_cache, block_table, cache_seqlens)
                 planned = _api.plan_decode_schedule(cache_seqlens, int(q.shape[1]),
-                                                    int(q.shape[2]), h_kv)
+                                                    int(q.shape[2]), h_kv, check_values=False)
                 sched.tile_scheduler_metadata, sched.num_splits = planned
         if sched.tile_scheduler_metadata is not None:
             schedule = _api.DecodeSchedule(sched.tile_scheduler_metadata, sched.num_splits)
+        if workspace is None:
+            workspace = _sched_workspace(sched, q, head_dim_v, h_kv=int(k_cache.shape[2]))
     return _api.dense_decode(q, k_cache, block_table, cache_seqlens, d_v=head_dim_v,
                              softmax_scale=softmax_scale, causal=causal, schedule=schedule,
-                             out=out, lse=lse)
+                             out=out, lse=lse, workspace=workspace, check_values=check_values)
+
+
+def _plannable_sparse(q, indices) -> bool:
+    return (fw.is_array(indices) and fw.dtype_name(indices) == "int32"
+            and len(indices.shape) == 3 and fw.is_array(q) and len(q.shape) == 4)
+
+
+def _sparse_keys(q, indices, topk_length, extra_indices, extra_topk_length):
+    """Keys per request of a sparse decode (int32 [b]): the counted indices of both caches."""
+    b = int(q.shape[0])
+    frame = fw.framework_of(indices, "flash_mla_with_kvcache", "indices")
+    keys = frame.zeros((b,), "int32", indices)
+    topk = int(indices.shape[-1])
+    # (Lengths count clamped to [0, topk], as sparse decode counts them.)
+    keys += topk_length.clip(0, topk) if _int32_vector(topk_length, b) else topk
+    if extra_indices is not None and fw.is_array(extra_indices) and len(extra_indices.shape) == 3:
+        extra = int(extra_indices.shape[-1])
+        keys += (extra_topk_length.clip(0, extra) if _int32_vector(extra_topk_length, b)
+                 else extra)
+    return keys
+
+
+def _int32_vector(x, b: int) -> bool:
+    return (x is not None and fw.is_array(x) and fw.dtype_name(x) == "int32"
+            and tuple(int(d) for d in x.shape) == (b,))
+
+
+def _sched_workspace(sched: FlashMLASchedMeta, q, d_v: int, h_kv: int = 1, sparse: bool = False):
+    """The FlashMLASchedMeta's workspace, allocated by its first call (None where the shapes are
+    wrong: the decode's own checks then name the argument)."""
+    if sched.workspace is None:
+        if _api._tracing(q):  # under torch.compile the custom op allocates its own
+            return None
+        try:
+            sched.workspace = _api.decode_workspace(q, h_kv=h_kv, d_v=d_v, sparse=sparse)
+        except (TypeError, ValueError):
+            return None
+    return sched.workspace
 
 
 def flash_mla_sparse_fwd(q, kv, indices, sm_scale: float, d_v: int = 512, attn_sink=None,
@@ -207,7 +283,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale: float, d_v: int = 512, attn_s
 def _dense_prefill_not_implemented(name: str):
     def function(*args: Any, **kwargs: Any):
         raise NotImplementedError(f"{name}: dense MHA-mode prefill is not implemented in OpenMLA "
-                                  "yet (DESIGN §2.6)")
+                                  "yet (docs/semantics.md, 'Not yet implemented')")
     function.__name__ = name
     function.__doc__ = "Dense MHA-mode prefill (FlashMLA name); not implemented yet."
     return function
@@ -218,3 +294,6 @@ flash_attn_varlen_qkvpacked_func = _dense_prefill_not_implemented(
     "flash_attn_varlen_qkvpacked_func")
 flash_attn_varlen_kvpacked_func = _dense_prefill_not_implemented(
     "flash_attn_varlen_kvpacked_func")
+
+# `import flash_mla.flash_mla_interface` through the alias resolves to this module too.
+flash_mla_interface = sys.modules[__name__]

@@ -47,7 +47,7 @@ TensorView to_optional_view(const std::optional<Array>& array, const char* op, c
 //   [num_blocks, page_size, bytes_per_token]: the format is `format_name` or, when empty,
 //   inferred from bytes_per_token (656, 584, 528, 288);
 //   bf16/fp16 [num_blocks, page_size, 1, d_qk] or [num_blocks, page_size, d_qk]: a plain cache.
-// `layout_name` is "default" or "interleaved" (DESIGN §3). The block stride is the array's
+// `layout_name` is "default" or "interleaved" (docs/formats.md). The block stride is the array's
 // stride of dim 0; a token's bytes must be contiguous (dims 1.. packed).
 KVCache to_kv_cache(const Array& array, const std::optional<std::string>& format_name,
                     const std::string& layout_name, const char* op, const char* arg);

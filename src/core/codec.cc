@@ -1,4 +1,4 @@
-// Host codecs of the KV-cache formats (DESIGN §3). The toolkit's host conversions do the
+// Host codecs of the KV-cache formats (docs/formats.md). The toolkit's host conversions do the
 // rounding (they are exact RNE, computed through double); NaN results are pinned to codec.h's
 // documented codes where the toolkit differs.
 #include "core/codec.h"
@@ -18,7 +18,7 @@ namespace openmla::codec {
 
 namespace {
 
-// The smallest pre-rounding scale of every quantised format (DESIGN §3).
+// The smallest pre-rounding scale of every quantised format (docs/formats.md).
 constexpr float kMinScale = 1e-4f;
 constexpr float kE4M3Max = 448.0f;
 constexpr float kE2M1Max = 6.0f;

@@ -1,4 +1,4 @@
-// Host codecs of the KV-cache formats (DESIGN §3): the one definition of every byte, used by the
+// Host codecs of the KV-cache formats (docs/formats.md): the one definition of every byte, used by the
 // CPU backend, the tests, the write kernels' reference and the Python package.
 //
 // Quantiser, per group of dims (amax over the group's finite values; inf saturates, NaN stays NaN):

@@ -1,4 +1,4 @@
-// KV-cache format facts and layout descriptors (DESIGN §3).
+// KV-cache format facts and layout descriptors (docs/formats.md).
 #include "openmla/kv_format.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Split-KV schedule planning on the host (the specification of the GPU planner; DESIGN §2.1).
+// Split-KV schedule planning on the host (the specification of the GPU planner; docs/semantics.md, dense decode).
 //
 // Work of request i is  blocks_i = ceil(seqlen_i / block_tokens)  plus a fixed cost per split
 // (`split_overhead_blocks`, the price of reloading q and writing a partial). Requests are dealt in

@@ -196,7 +196,7 @@ Status validate_dense_decode(const DenseDecodeArgs& a, DenseDecodeShape* s) {
   OPENMLA_RETURN_IF_ERROR(check_schedule(a.schedule, s->batch, dev, op));
   s->softmax_scale = resolve_scale(a.softmax_scale, s->d_qk);
 
-  // Host-resident metadata is cheap to check before anything runs (DESIGN §4).
+  // Host-resident metadata is cheap to check before anything runs (docs/errors.md).
   if (dev.type == DeviceType::kCPU) {
     const int64_t capacity = s->max_blocks * s->page_size;
     for (int64_t i = 0; i < s->batch; ++i) {

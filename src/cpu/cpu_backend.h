@@ -1,4 +1,4 @@
-// The CPU reference backend: every operation, exactly DESIGN §2, float32 math with
+// The CPU reference backend: every operation, exactly docs/semantics.md, float32 math with
 // double-precision softmax sums where it is cheap, OpenMP over independent rows.
 // Arguments arrive validated (src/core/validate.h); nothing here re-checks shapes.
 #pragma once

@@ -1,4 +1,4 @@
-// Dense decode on the CPU (DESIGN §2.1). A work unit is (request, kv head, chunk of query rows);
+// Dense decode on the CPU (docs/semantics.md, dense decode). A work unit is (request, kv head, chunk of query rows);
 // it walks the request's keys in tiles of kKeyTile, converting each tile to float once for all of
 // its rows. The split-KV schedule is a GPU concern: the CPU ignores args.schedule, since every row
 // sees its keys in the same order either way.

@@ -1,4 +1,4 @@
-// KV-cache write and gather on the CPU (DESIGN §2.5): the codec does every byte.
+// KV-cache write and gather on the CPU (docs/semantics.md, KV-cache write): the codec does every byte.
 #include <omp.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Merge of partial attention states on the CPU (DESIGN §2.4), one (token, head) per iteration.
+// Merge of partial attention states on the CPU (docs/semantics.md, merge), one (token, head) per iteration.
 #include <algorithm>
 #include <cmath>
 #include <vector>

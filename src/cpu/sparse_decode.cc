@@ -1,4 +1,4 @@
-// Sparse decode on the CPU (DESIGN §2.2). A work unit is (request, query token, chunk of heads);
+// Sparse decode on the CPU (docs/semantics.md, sparse decode). A work unit is (request, query token, chunk of heads);
 // it gathers the token's valid indices of the main cache and then of the extra cache into one
 // key list (one softmax over both), and decodes each tile of keys with the codec once for all of
 // its heads. Invalid indices never reach the codec, so they are never read.

@@ -1,4 +1,4 @@
-// Sparse prefill on the CPU (DESIGN §2.3). A work unit is (query token, kv head, chunk of that kv
+// Sparse prefill on the CPU (docs/semantics.md, sparse prefill). A work unit is (query token, kv head, chunk of that kv
 // head's query heads): the heads of one kv head share the token's index list, so each tile of
 // gathered keys is converted once for all of them.
 #include <algorithm>

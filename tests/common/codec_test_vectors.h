@@ -1,5 +1,5 @@
 // Test helpers for the KV-cache codecs: random bf16-representable data and small oracles
-// written from the format definitions (DESIGN §3), independent of src/core/codec.cc.
+// written from the format definitions (docs/formats.md), independent of src/core/codec.cc.
 #pragma once
 
 #include <cmath>

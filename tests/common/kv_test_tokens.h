@@ -1,5 +1,5 @@
 // KV-cache test inputs shared by the CPU and GPU tiers: tokens that stress the quantisers of
-// every format (DESIGN §3): random normals at magnitudes from 1e-30 to 3e38, exact powers of two
+// every format (docs/formats.md): random normals at magnitudes from 1e-30 to 3e38, exact powers of two
 // at the scale boundaries (group amax = 448 * 2^k, 6 * an e4m3 code, and their float neighbours),
 // specials (±inf, NaNs with payloads, ±0, float and bf16 subnormals, the e2m1 ties), all-zero,
 // all-inf and all-NaN groups, exact rounding ties of e2m1 and e4m3, and ordinary random tokens.

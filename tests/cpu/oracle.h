@@ -1,4 +1,4 @@
-// The naive double-precision oracle of every attention operation (DESIGN §2), written from the
+// The naive double-precision oracle of every attention operation (docs/semantics.md), written from the
 // definitions and independently of src/cpu: plain loops, one query at a time, every logit and
 // sum in double. It shares only the codec's decode of quantised caches with the library.
 #pragma once

@@ -454,7 +454,7 @@ TEST(CodecToken, PlainFormatsStoreRoundedElements) {
 
 // --- round trips against an independent reference quantiser --------------------------------
 
-// Decodes what DESIGN §3 says token `x` must decode to, from the oracles of codec_test_vectors.h.
+// Decodes what docs/formats.md says token `x` must decode to, from the oracles of codec_test_vectors.h.
 std::vector<float> reference_round_trip(KVFormat format, const std::vector<float>& x) {
   const KVFormatInfo info = kv_format_info(format, static_cast<int>(x.size()));
   std::vector<float> y(x.size());

@@ -1,4 +1,4 @@
-// KV-cache format facts and layout descriptors (include/openmla/kv_format.h, DESIGN §3).
+// KV-cache format facts and layout descriptors (include/openmla/kv_format.h, docs/formats.md).
 #include "openmla/kv_format.h"
 
 #include <gtest/gtest.h>

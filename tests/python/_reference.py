@@ -1,5 +1,5 @@
-"""Independent references for the Python tests: a numpy codec of every KV format (DESIGN §3,
-written from the table, not from src/core) and float64 attention oracles (DESIGN §2)."""
+"""Independent references for the Python tests: a numpy codec of every KV format (docs/formats.md,
+written from the table, not from src/core) and float64 attention oracles (docs/semantics.md)."""
 
 import math
 
@@ -78,7 +78,7 @@ def quantize_rows(x, fmt):
 
 
 def decode_interleaved(data, fmt):
-    """Decodes token-interleaved cache bytes [n, bytes_per_token] (DESIGN §3 order per token)."""
+    """Decodes token-interleaved cache bytes [n, bytes_per_token] (docs/formats.md order per token)."""
     d_qk, qdims, group, rope, bpt = FORMATS[fmt]
     data = np.asarray(data, np.uint8)
     n = data.shape[0]

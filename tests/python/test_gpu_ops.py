@@ -31,7 +31,7 @@ if DEVICE == "cuda":
         pytest.skip("openmla was built without the CUDA backend (OPENMLA_CUDA=OFF or no nvcc)",
                     allow_module_level=True)
 
-OUT_RTOL = 1e-2   # ‖out − ref‖ / ‖ref‖ for bf16 (DESIGN §5)
+OUT_RTOL = 1e-2   # ‖out − ref‖ / ‖ref‖ for bf16 (docs/architecture.md, testing)
 LSE_ATOL = 1e-3
 
 
@@ -490,3 +490,151 @@ def test_cuda_graph_sparse_decode_step():
     ref_out, ref_lse = ref_sparse(q, flat, indices, topk_length)
     assert rel_err(static[0], ref_out) < OUT_RTOL
     assert_lse_close(static[1], ref_lse)
+
+
+# --- values on the GPU: the fast path clamps, the checked mode raises (issue 28) ---------------
+
+def test_dense_decode_fast_path_clamps_out_of_range_values():
+    """Without the checked mode nothing is synchronised: a length above the block table's
+    capacity counts as the capacity, a negative one as 0 keys (out 0, lse +inf), a used block id
+    outside the cache reads zero keys. Nothing outside the cache is read (run this under
+    compute-sanitizer memcheck: tools/device_check.sh does)."""
+    b, h_q, page, max_blocks, num_blocks = 4, 64, 64, 3, 8
+    capacity = max_blocks * page
+    q = randn(b, 1, h_q, 576, seed=60)
+    k_cache = randn(num_blocks, page, 1, 576, seed=61)
+    block_table = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 0], [1, 10**6, -3]],
+                               dtype=torch.int32, device=DEVICE)
+    seqlens = torch.tensor([capacity + 1000, -5, 2**31 - 1, capacity], dtype=torch.int32,
+                           device=DEVICE)
+    if DEVICE != "cuda":  # the CPU always checks values
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            openmla.dense_decode(q, k_cache, block_table, seqlens, check_values=False)
+        return
+    result = on_device(lambda: openmla.dense_decode(q, k_cache, block_table, seqlens,
+                                                    check_values=False), "dense_decode")
+    if result is None:
+        return
+    out, lse = result
+    # The reference: lengths clamped, the out-of-range blocks as zero keys.
+    zeros_cache = torch.cat([k_cache, torch.zeros_like(k_cache[:1])])
+    table = block_table.clone()
+    table[(table < 0) | (table >= num_blocks)] = num_blocks
+    clamped = seqlens.clamp(0, capacity)
+    ref_out, ref_lse = ref_dense_decode(q, zeros_cache, table, clamped, False)
+    assert rel_err(out, ref_out) < OUT_RTOL
+    assert_lse_close(lse, ref_lse)
+    assert torch.equal(out[1].float(), torch.zeros_like(out[1].float()))
+    assert bool(torch.isposinf(lse[1]).all())
+
+
+def test_dense_decode_checked_mode_raises(monkeypatch):
+    b, h_q, page, max_blocks = 2, 16, 64, 2
+    q = randn(b, 1, h_q, 576, seed=62)
+    k_cache = randn(6, page, 1, 576, seed=63)
+    block_table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
+    good = torch.tensor([100, 5], dtype=torch.int32, device=DEVICE)
+    for seqlens, match in (([129, 5], r"cache_seqlens\[0\]: expected 0 <= value <= 128"),
+                           ([3, -1], r"cache_seqlens\[1\]")):
+        bad = torch.tensor(seqlens, dtype=torch.int32, device=DEVICE)
+        with pytest.raises(ValueError, match=match):
+            openmla.dense_decode(q, k_cache, block_table, bad, check_values=True)
+        monkeypatch.setenv("OPENMLA_CHECK_VALUES", "1")
+        with pytest.raises(ValueError, match=match):
+            openmla.dense_decode(q, k_cache, block_table, bad)
+        meta, _ = flash_mla.get_mla_metadata()
+        with pytest.raises(ValueError, match=match):
+            flash_mla.flash_mla_with_kvcache(q, k_cache, block_table, bad, 512, meta)
+        monkeypatch.delenv("OPENMLA_CHECK_VALUES")
+    table = block_table.clone()
+    table[0, 1] = 6
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\]: expected a block in \[0, 6\)"):
+        openmla.dense_decode(q, k_cache, table, good, check_values=True)
+    on_device(lambda: openmla.dense_decode(q, k_cache, block_table, good, check_values=True),
+              "dense_decode (checked mode, good values)")
+
+
+# --- the swap on the GPU: lse strides, torch.compile, a step that allocates nothing -----------
+
+def test_lse_strides_and_compiled_flash_mla_pattern():
+    if DEVICE != "cuda":
+        pytest.skip("the GPU variant of test_flash_mla_swap.py")
+    b, s_q, h_q, page = 2, 2, 64, 64
+    q = randn(b, s_q, h_q, 576, seed=64)
+    k_cache = randn(8, page, 1, 576, seed=65)
+    block_table = torch.arange(8, dtype=torch.int32, device=DEVICE).view(2, 4)
+    seqlens = torch.tensor([200, 31], dtype=torch.int32, device=DEVICE)
+
+    def layers(q, k_cache, block_table, seqlens):
+        meta, _ = flash_mla.get_mla_metadata()
+        out1, lse1 = flash_mla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, 512,
+                                                      meta, causal=True)
+        out2, lse2 = flash_mla.flash_mla_with_kvcache(q * 2, k_cache, block_table, seqlens, 512,
+                                                      meta, causal=True)
+        return out1, lse1.transpose(1, 2).reshape(b * s_q, h_q), out2, lse2
+
+    eager = on_device(lambda: layers(q, k_cache, block_table, seqlens), "flash_mla dense")
+    if eager is None:
+        return
+    assert eager[3].stride() == (s_q * h_q, 1, h_q)
+    for backend in ("aot_eager", "inductor"):
+        got = torch.compile(layers, backend=backend, fullgraph=True)(q, k_cache, block_table,
+                                                                     seqlens)
+        for a, want in zip(got, eager):
+            assert torch.equal(a, want), backend
+    planned = torch.compile(lambda s: openmla.plan_decode_schedule(s, s_q, h_q),
+                            backend="aot_eager", fullgraph=True)(seqlens)
+    assert planned.metadata.shape[0] == openmla.decode_num_sm_parts(seqlens, s_q, h_q)
+
+
+def test_cuda_graph_step_allocates_nothing():
+    """out=, lse=, workspace= and plan_decode_schedule(out=): capturing the step allocates no
+    memory (the allocator's count is unchanged), and replays match eager calls."""
+    if DEVICE != "cuda":
+        pytest.skip("CUDA graphs need a CUDA device")
+    b, h_q, page, max_blocks = 4, 128, 64, 16
+    k_cache = randn(b * max_blocks, page, 1, 576, seed=66)
+    block_table = torch.arange(b * max_blocks, dtype=torch.int32,
+                               device=DEVICE).view(b, max_blocks)
+    q = randn(b, 1, h_q, 576, seed=67)
+    seqlens = torch.tensor([1000, 1, 64, 777], dtype=torch.int32, device=DEVICE)
+    schedule = openmla.plan_decode_schedule(seqlens, 1, h_q)
+    workspace = openmla.decode_workspace(q)
+    out = torch.empty(b, 1, h_q, 512, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(b, 1, h_q, device=DEVICE).transpose(1, 2)
+
+    def step():
+        openmla.plan_decode_schedule(seqlens, 1, h_q, out=schedule)
+        openmla.dense_decode(q, k_cache, block_table, seqlens, schedule=schedule, out=out,
+                             lse=lse, workspace=workspace)
+        return out, lse
+
+    if on_device(step, "dense_decode (given buffers)") is None:
+        return
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    graph, _ = capture(step)
+    assert torch.cuda.memory_allocated() == before, "capturing the step allocated memory"
+    seqlens.copy_(torch.tensor([5, 1024, 3, 63], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    want_out, want_lse = openmla.dense_decode(q, k_cache, block_table, seqlens)
+    assert rel_err(out, want_out) < 1e-3 or torch.equal(out, want_out)
+    assert_lse_close(lse, want_lse)
+
+
+def test_sparse_lse_strides_on_gpu():
+    cache, flat, used = fill_cache("fp8_mx", 8, 64, seed=68, unused_nan=False)
+    q = randn(2, 3, 64, 512, seed=69)
+    indices = torch.randint(0, 8 * 64, (2, 3, 32), dtype=torch.int32,
+                            generator=torch.Generator().manual_seed(70)).to(DEVICE)
+    meta, _ = flash_mla.get_mla_metadata()
+    result = on_device(lambda: flash_mla.flash_mla_with_kvcache(
+        q, cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices),
+        "sparse_decode (lse strides)")
+    if result is None:
+        return
+    out, lse = result
+    assert lse.shape == (2, 64, 3) and lse.stride() == (3 * 64, 1, 64)
+    assert lse.transpose(1, 2).view(6, 64).shape == (6, 64)
+    assert meta.tile_scheduler_metadata is not None and meta.num_splits is not None

@@ -10,7 +10,7 @@ import openmla
 import openmla.flash_mla as flash_mla
 import _reference as ref
 
-OUT_RTOL = 1e-2  # ‖out − ref‖ / ‖ref‖ for bf16 outputs (DESIGN §5)
+OUT_RTOL = 1e-2  # ‖out − ref‖ / ‖ref‖ for bf16 outputs (docs/architecture.md, testing)
 
 
 def dense_inputs(b=3, s_q=1, h_q=16, h_kv=1, d_qk=576, page=16, seqlens=(37, 0, 64), seed=0,

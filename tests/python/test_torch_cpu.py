@@ -137,20 +137,28 @@ def test_opcheck():
         pytest.skip("torch.library.opcheck needs torch >= 2.4")
     q, k, bt, sl = dense_inputs()
     ops = torch.ops.openmla
-    torch.library.opcheck(ops.dense_decode, (q, k, bt, sl, 512, 0.0, False, None, None))
+    torch.library.opcheck(ops.dense_decode, (q, k, bt, sl, 512, 0.0, False, None, None, None, -1))
+    workspace = openmla.decode_workspace(q)
+    torch.library.opcheck(ops.dense_decode, (q, k, bt, sl, 512, 0.0, False, None, None,
+                                             workspace, 1))
     out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16)
     lse = torch.empty(2, 16, 1)
     torch.library.opcheck(ops.dense_decode_out,
-                          (q, k, bt, sl, 512, 0.0, False, None, None, out, lse))
+                          (q, k, bt, sl, 512, 0.0, False, None, None, out, lse, workspace, 0))
     q, cache, idx, _ = sparse_inputs("fp8_mx")
     torch.library.opcheck(ops.sparse_decode, (q, cache, idx, None, None, None, None, None, None,
-                                              "default", None, "default", 512, 0.0, None, None))
+                                              "default", None, "default", 512, 0.0, None, None,
+                                              None, -1))
     torch.library.opcheck(ops.kv_cache_gather, (cache, torch.arange(5), None, "default", "fp32"))
     torch.library.opcheck(ops.kv_cache_write, (torch.randn(3, 512), torch.arange(3), cache,
                                                None, "default"))
     torch.library.opcheck(ops.merge_attention_states,
                           (torch.randn(2, 3, 4, 512), torch.randn(2, 3, 4), None))
     torch.library.opcheck(ops.plan_decode_schedule, (sl, 1, 16, 1, 3, 64))
+    torch.library.opcheck(ops.plan_decode_schedule, (sl, 1, 16, 1, 0, 64))  # 0: the device's
+    md, ns = torch.empty(3, openmla._C.SCHEDULE_METADATA_INTS, dtype=torch.int32), \
+        torch.empty(3, dtype=torch.int32)
+    torch.library.opcheck(ops.plan_decode_schedule_out, (sl, 1, 16, 1, 3, 64, md, ns))
     if hasattr(ops, "kv_cache_convert") and hasattr(openmla._C, "kv_cache_convert"):
         dst = openmla.new_kv_cache(4, 16, "fp8_mx", layout="interleaved", like=torch.empty(0))
         torch.library.opcheck(ops.kv_cache_convert, (cache, dst, None, "default", None,

@@ -1,4 +1,4 @@
-// Merge of split-KV decode partials (DESIGN §2.4 applied inside split-KV decode).
+// Merge of split-KV decode partials (docs/semantics.md, merge applied inside split-KV decode).
 //
 // The decode kernel writes a request that has one split straight to out/lse; a request with
 // n > 1 splits leaves fp32 partials in the workspace, indexed by global split

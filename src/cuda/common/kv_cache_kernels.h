@@ -1,4 +1,4 @@
-// GPU KV-cache kernels (DESIGN §2.5, §3): append tokens into a paged cache of any format and
+// GPU KV-cache kernels (docs/semantics.md, KV-cache write; docs/formats.md): append tokens into a paged cache of any format and
 // layout, gather/dequantise tokens out of one, and convert a cache (or a list of blocks) between
 // formats/layouts. Every byte is the host codec's (src/core/codec.h): the device codec
 // (kv_codec.cuh) mirrors it exactly, NaN payloads included.

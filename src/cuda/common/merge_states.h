@@ -1,4 +1,4 @@
-// The GPU merge of partial attention states (DESIGN §2.4), behind cuda::merge_attention_states.
+// The GPU merge of partial attention states (docs/semantics.md, merge), behind cuda::merge_attention_states.
 // Arguments arrive validated; this layer only picks the vector width and launches.
 #pragma once
 
