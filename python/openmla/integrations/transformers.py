@@ -1,0 +1,547 @@
+"""Hugging Face transformers' DeepSeek-V3 and V3.2 attention, served by OpenMLA.
+
+    import openmla.integrations.transformers as omla_tf
+
+    omla_tf.enable(model)                          # patch the model's MLA attention modules
+    cache = omla_tf.OpenMLACache(model)            # a paged latent cache (bf16 V3, fp8_v32 V3.2)
+    out = model.generate(input_ids, cache=cache, max_new_tokens=32)
+
+`enable` replaces the forward of every `DeepseekV3Attention` / `DeepseekV32Attention` module with
+MLA's absorbed form over an OpenMLA paged cache:
+
+- the cached vector of a token is its latent (`kv_a_layernorm(c_kv)`, kv_lora_rank = 512 dims)
+  followed by its RoPE'd shared key (`k_pe`, 64 dims): 576 dims, written with
+  `openmla.kv_cache_write` into `OpenMLACache`'s per-layer paged cache (`bf16` for V3, `fp8_v32`
+  for V3.2 by default);
+- the key up-projection is folded into the query: `q_latent[h] = q_nope[h] · W_UK[h]`
+  (W_UK = the first qk_nope_head_dim rows of each head of `kv_b_proj`), `q = [q_latent, q_pe]`;
+- attention over the cache with the model's own softmax scale (`module.scaling`, which holds the
+  YaRN mscale), the latent (first 512 dims) as the value;
+- the value up-projection after: `o[h] = W_UV[h] · out_latent[h]`, then `o_proj`.
+
+Which OpenMLA operation runs:
+- V3 prefill and decode: `dense_decode` with s_q = the new tokens and `causal=True` (OpenMLA has
+  no dense MHA prefill yet; the causal dense decode is exact for any s_q, at decode speed);
+- V3.2 decode (one new token): `sparse_decode` over the paged cache with the model's own indexer
+  top-k (positions turned into cache slots through the block table);
+- V3.2 prefill (several new tokens): `sparse_prefill` over the sequence's cached tokens gathered
+  back (dequantised) with `kv_cache_gather`, indices = the indexer's top-k, causally masked.
+
+Limits: every sequence of a batch has the same length (no padding: a padded attention mask raises
+NotImplementedError); beam search and cache reordering are not supported. The attention runs
+where the model's tensors are (CPU backend, or CUDA where a kernel exists for the operation).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+import openmla
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+__all__ = ["enable", "disable", "is_enabled", "OpenMLACache", "OpenMLACacheLayer",
+           "default_kv_format", "absorbed_weights"]
+
+_LATENT = 512   # kv_lora_rank OpenMLA's operations take (d_v)
+_ROPE = 64      # qk_rope_head_dim
+_D_QK = _LATENT + _ROPE
+
+
+# --- which modules ------------------------------------------------------------------------------
+
+def _attention_classes():
+    """{class: kind} for the transformers attention classes this module knows ("v3", "v32")."""
+    classes = {}
+    try:
+        from transformers.models.deepseek_v3 import modeling_deepseek_v3 as m3
+        classes[m3.DeepseekV3Attention] = "v3"
+    except ImportError:  # pragma: no cover - every transformers 5.x has it
+        pass
+    try:
+        from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m32
+        classes[m32.DeepseekV32Attention] = "v32"
+    except ImportError:  # pragma: no cover - older transformers
+        pass
+    return classes
+
+
+def _attention_modules(model) -> List[Tuple[Any, str]]:
+    classes = _attention_classes()
+    found = []
+    for module in model.modules():
+        kind = classes.get(type(module))
+        if kind is not None:
+            found.append((module, kind))
+    return found
+
+
+def _model_kind(model) -> str:
+    kinds = {kind for _, kind in _attention_modules(model)}
+    if not kinds:
+        raise ValueError("openmla: the model has no DeepseekV3Attention or DeepseekV32Attention "
+                         "module (supported: transformers' DeepSeek-V3 and V3.2 models)")
+    if len(kinds) > 1:
+        raise ValueError(f"openmla: the model mixes attention kinds {sorted(kinds)}")
+    return kinds.pop()
+
+
+def default_kv_format(model) -> str:
+    """The cache format a model's attention is served from by default: bf16 (V3), fp8_v32 (V3.2)."""
+    return {"v3": "bf16", "v32": "fp8_v32"}[_model_kind(model)]
+
+
+def _check_module(module, kind: str) -> None:
+    if module.kv_lora_rank != _LATENT or module.qk_rope_head_dim != _ROPE:
+        raise ValueError(f"openmla: layer {module.layer_idx}: OpenMLA's caches hold a "
+                         f"{_LATENT}-dim latent and a {_ROPE}-dim RoPE key, the model has "
+                         f"kv_lora_rank {module.kv_lora_rank} and qk_rope_head_dim "
+                         f"{module.qk_rope_head_dim}")
+    if module.num_key_value_groups != 1:
+        raise ValueError(f"openmla: layer {module.layer_idx}: MLA has one latent shared by all "
+                         "heads; num_key_value_heads must equal num_attention_heads")
+
+
+def _base_models(model):
+    """The DeepseekV3Model / DeepseekV32Model instances inside `model` (or `model` itself)."""
+    classes = []
+    try:
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Model
+        classes.append(DeepseekV3Model)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32Model
+        classes.append(DeepseekV32Model)
+    except ImportError:  # pragma: no cover
+        pass
+    return [m for m in model.modules() if isinstance(m, tuple(classes))]
+
+
+def enable(model, *, page_size: int = 64, kv_format: Optional[str] = None) -> Any:
+    """Serves the attention of every DeepSeek-V3 / V3.2 MLA module of `model` through OpenMLA.
+
+    Afterwards a forward or `generate` without a cache of its own gets a fresh `OpenMLACache`
+    (`page_size`, `kv_format`: see OpenMLACache) where transformers would have made a
+    DynamicCache; pass `cache=OpenMLACache(model, ...)` to keep it across calls. A cache of
+    another kind raises TypeError. Returns the model; `disable(model)` undoes it."""
+    modules = _attention_modules(model)
+    if not modules:
+        _model_kind(model)  # raises the error naming what is supported
+    for module, kind in modules:
+        _check_module(module, kind)
+    OpenMLACache(model, page_size=page_size, kv_format=kv_format)  # checks the arguments
+    for module, kind in modules:
+        if getattr(module, "_openmla_kind", None) is not None:
+            continue
+        module._openmla_kind = kind
+        module._openmla_defaults = (page_size, kv_format or {"v3": "bf16", "v32": "fp8_v32"}[kind])
+        module._openmla_original_forward = module.forward
+        module.forward = types.MethodType(_forward_v3 if kind == "v3" else _forward_v32, module)
+    defaults = {"page_size": page_size, "kv_format": kv_format}
+    for base in _base_models(model):
+        if "_openmla_original_forward" not in base.__dict__:
+            base._openmla_original_forward = base.forward
+        base.forward = _with_cache(base, base._openmla_original_forward, defaults)
+    if hasattr(model, "_prepare_cache_for_generation"):
+        if "_openmla_original_prepare" not in model.__dict__:
+            model._openmla_original_prepare = model._prepare_cache_for_generation
+        model._prepare_cache_for_generation = _with_generation_cache(
+            model, model._openmla_original_prepare, defaults)
+    return model
+
+
+def _with_cache(base, forward, defaults):
+    """The base model's forward, given an OpenMLACache where it would make a DynamicCache."""
+    def wrapped(*args, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        use_cache = kwargs.get("use_cache")
+        if use_cache is None:
+            use_cache = getattr(base.config, "use_cache", False)
+        if cache is None and use_cache:
+            kwargs.pop("past_key_values", None)
+            kwargs["cache"] = OpenMLACache(base, **defaults)
+        return forward(*args, **kwargs)
+    return wrapped
+
+
+def _with_generation_cache(model, prepare, defaults):
+    """generate's cache preparation, making an OpenMLACache where it would make its own."""
+    def wrapped(generation_config, model_kwargs, *args, **kwargs):
+        if (model_kwargs.get("cache") is None and generation_config.use_cache is not False
+                and generation_config.cache_implementation is None):
+            model_kwargs["cache"] = OpenMLACache(model, **defaults)
+        return prepare(generation_config, model_kwargs, *args, **kwargs)
+    return wrapped
+
+
+def disable(model) -> Any:
+    """Restores transformers' own attention forward on every module `enable` patched."""
+    for module, _ in _attention_modules(model):
+        if getattr(module, "_openmla_kind", None) is not None:
+            module.forward = module._openmla_original_forward
+            del module._openmla_original_forward
+            module._openmla_kind = None
+    for base in _base_models(model):
+        if "_openmla_original_forward" in base.__dict__:
+            del base.forward  # the class's forward again
+            del base._openmla_original_forward
+    if "_openmla_original_prepare" in model.__dict__:
+        del model._prepare_cache_for_generation
+        del model._openmla_original_prepare
+    return model
+
+
+def is_enabled(model) -> bool:
+    modules = _attention_modules(model)
+    return bool(modules) and all(getattr(m, "_openmla_kind", None) for m, _ in modules)
+
+
+# --- the paged latent cache ---------------------------------------------------------------------
+
+class _BlockTable:
+    """The block table every layer of a batch shares: which cache blocks hold each sequence.
+
+    Blocks are handed out round-robin over the sequences as they grow, so a sequence's blocks are
+    not contiguous once the batch has more than one sequence (as in a serving engine's pool)."""
+
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self.blocks: Optional[List[List[int]]] = None
+        self.num_blocks = 0
+        self._tensor = None
+
+    @property
+    def batch_size(self) -> int:
+        return -1 if self.blocks is None else len(self.blocks)
+
+    def ensure(self, batch: int, length: int) -> None:
+        """Every sequence of the batch holds blocks for `length` tokens."""
+        if self.blocks is None:
+            self.blocks = [[] for _ in range(batch)]
+        elif len(self.blocks) != batch:
+            raise ValueError(f"OpenMLACache: batch size changed from {len(self.blocks)} to {batch}; "
+                             "use a fresh cache for a new batch")
+        need = -(-length // self.page_size)
+        while len(self.blocks[0]) < need:
+            for seq in self.blocks:
+                seq.append(self.num_blocks)
+                self.num_blocks += 1
+            self._tensor = None
+
+    def tensor(self, device) -> torch.Tensor:
+        """[batch, max_blocks] int32 on `device`."""
+        if self._tensor is None or self._tensor.device != torch.device(device):
+            width = max(1, len(self.blocks[0]))
+            rows = [seq + [0] * (width - len(seq)) for seq in self.blocks]
+            self._tensor = torch.tensor(rows, dtype=torch.int32, device=device)
+        return self._tensor
+
+    def slots(self, positions: torch.Tensor) -> torch.Tensor:
+        """Cache slots (block * page_size + offset) of token positions [batch, n] (any int; < 0:
+        -1)."""
+        table = self.tensor(positions.device).long()
+        pos = positions.long()
+        valid = pos >= 0
+        safe = pos.clamp(min=0)
+        block = torch.gather(table, 1, safe // self.page_size)
+        slot = block * self.page_size + safe % self.page_size
+        return torch.where(valid, slot, torch.full_like(slot, -1)).to(torch.int32)
+
+
+class OpenMLACacheLayer(CacheLayerMixin):
+    """One layer's paged latent cache ([num_blocks, page_size, 1, bytes_per_token] in OpenMLA's
+    format) and, for V3.2, the indexer's key cache (a dense [batch, tokens, index_head_dim])."""
+
+    is_compileable = False
+    is_croppable = True
+    supports_early_init = False
+    is_sliding = False
+
+    def __init__(self, table: _BlockTable, kv_format: str):
+        super().__init__()
+        self.table = table
+        self.kv_format = kv_format
+        self.kv_cache = None          # the paged OpenMLA cache
+        self.length = 0               # tokens per sequence
+        self.indexer_keys: Optional[torch.Tensor] = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # pragma: no cover
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise RuntimeError("OpenMLACache holds the latents in OpenMLA's paged format and is read by "
+                           "OpenMLA's attention only: call openmla.integrations.transformers."
+                           "enable(model) before running the model with it")
+
+    def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.length = 0
+        self.indexer_keys = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove < 0:  # crop(-n) keeps the first n (transformers' convention)
+            tokens_to_remove = self.length + tokens_to_remove
+        tokens_to_remove = max(0, min(tokens_to_remove, self.length))
+        self.length -= tokens_to_remove
+        if self.indexer_keys is not None and tokens_to_remove:
+            self.indexer_keys = self.indexer_keys[:, : self.length]
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("OpenMLACache: beam search (cache reordering) is not supported")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("OpenMLACache: expanding the batch is not supported")
+
+    def batch_select_indices(self, indices) -> None:
+        raise NotImplementedError("OpenMLACache: selecting sequences is not supported")
+
+    def offload(self):  # pragma: no cover - the paged cache stays where it is
+        pass
+
+    def prefetch(self):  # pragma: no cover
+        pass
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.kv_cache is not None
+
+    @is_initialized.setter
+    def is_initialized(self, value) -> None:  # CacheLayerMixin.__init__ assigns it
+        pass
+
+    def _grow(self, like: torch.Tensor) -> None:
+        have = 0 if self.kv_cache is None else int(self.kv_cache.shape[0])
+        need = self.table.num_blocks
+        if have >= need:
+            return
+        blocks = max(need, 2 * have)
+        grown = openmla.new_kv_cache(blocks, self.table.page_size, self.kv_format, like=like)
+        if have:
+            grown[:have].copy_(self.kv_cache)
+        self.kv_cache = grown
+
+    def append(self, latent: torch.Tensor) -> torch.Tensor:
+        """Writes latent [batch, n, 576] (the new tokens' cached vectors) after the cached ones;
+        returns cache_seqlens [batch] int32 (the lengths after the write)."""
+        batch, n, _ = latent.shape
+        start = self.length
+        self.table.ensure(batch, start + n)
+        self._grow(latent)
+        positions = torch.arange(start, start + n, device=latent.device).expand(batch, n)
+        slots = self.table.slots(positions).reshape(-1)
+        flat = latent.reshape(batch * n, _D_QK)
+        if flat.dtype not in (torch.float32, torch.bfloat16):
+            flat = flat.float()
+        openmla.kv_cache_write(flat.contiguous(), slots, self.kv_cache, kv_format=self.kv_format)
+        self.length = start + n
+        return torch.full((batch,), self.length, dtype=torch.int32, device=latent.device)
+
+    def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
+        if self.indexer_keys is None:
+            self.indexer_keys = indexer_key_states
+        else:
+            self.indexer_keys = torch.cat([self.indexer_keys, indexer_key_states], dim=1)
+        return self.indexer_keys
+
+    def gather(self, out_dtype: str = "bf16") -> torch.Tensor:
+        """Every cached token, dequantised: [batch, length, 576]."""
+        batch = self.table.batch_size
+        positions = torch.arange(self.length, device=self.kv_cache.device).expand(batch, -1)
+        slots = self.table.slots(positions).reshape(-1)
+        out = openmla.kv_cache_gather(self.kv_cache, slots, kv_format=self.kv_format,
+                                      out_dtype=out_dtype)
+        return out.view(batch, self.length, -1)
+
+
+class OpenMLACache(Cache):
+    """A transformers `Cache` whose layers are OpenMLA paged latent caches.
+
+    OpenMLACache(model, page_size=64, kv_format=None): `kv_format` defaults to bf16 for V3 and
+    fp8_v32 for V3.2 (V3 takes bf16/fp16: dense decode reads plain caches; V3.2 takes any 576-dim
+    format: fp8_v32 or bf16). The cache grows as tokens arrive; one cache serves one batch."""
+
+    def __init__(self, model=None, *, page_size: int = 64, kv_format: Optional[str] = None,
+                 num_layers: Optional[int] = None):
+        if model is not None:
+            kind = _model_kind(model)
+            if kv_format is None:
+                kv_format = default_kv_format(model)
+            if num_layers is None:
+                num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+            allowed = ("bf16", "fp16") if kind == "v3" else ("fp8_v32", "bf16")
+            if kv_format not in allowed:
+                raise ValueError(f"OpenMLACache: kv_format {kv_format!r} cannot serve a "
+                                 f"{'DeepSeek-V3' if kind == 'v3' else 'DeepSeek-V3.2'} model "
+                                 f"(expected one of {', '.join(allowed)})")
+        if kv_format is None or num_layers is None:
+            raise ValueError("OpenMLACache: pass the model, or kv_format and num_layers")
+        if page_size < 1:
+            raise ValueError(f"OpenMLACache: page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.kv_format = kv_format
+        self.table = _BlockTable(page_size)
+        super().__init__(layers=[OpenMLACacheLayer(self.table, kv_format)
+                                 for _ in range(num_layers)])
+
+    @property
+    def batch_size(self) -> int:
+        return self.table.batch_size
+
+    def block_table(self, device=None) -> torch.Tensor:
+        return self.table.tensor(device or "cpu")
+
+
+# --- the absorbed attention -------------------------------------------------------------------
+
+def absorbed_weights(module) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(W_UK [h, qk_nope_head_dim, 512], W_UV [h, v_head_dim, 512]): views of kv_b_proj's weight."""
+    weight = module.kv_b_proj.weight.view(module.num_heads,
+                                          module.qk_nope_head_dim + module.v_head_dim, _LATENT)
+    return weight[:, : module.qk_nope_head_dim], weight[:, module.qk_nope_head_dim:]
+
+
+def _rope(module, q_rot, k_rot, position_embeddings):
+    cos, sin = position_embeddings
+    mod = __import__(type(module).__module__, fromlist=["x"])
+    if getattr(module.config, "rope_interleave", True):
+        return mod.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+    return mod.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
+
+
+def _project(module, hidden_states, position_embeddings):
+    """The module's own projections: q_nope [b, h, s, nope], q_pe [b, h, s, 64] (RoPE'd), the
+    cached vectors [b, s, 576] and q_resid (the query's LoRA latent, V3.2's indexer input)."""
+    batch, seq = hidden_states.shape[:-1]
+    q_resid = None
+    if getattr(module, "q_lora_rank", None) is None:
+        q_states = module.q_proj(hidden_states)
+    else:
+        q_resid = module.q_a_layernorm(module.q_a_proj(hidden_states))
+        q_states = module.q_b_proj(q_resid)
+    q_states = q_states.view(batch, seq, -1, module.qk_head_dim).transpose(1, 2)
+    q_nope, q_rot = torch.split(q_states, [module.qk_nope_head_dim, module.qk_rope_head_dim], -1)
+    compressed = module.kv_a_proj_with_mqa(hidden_states)
+    kv_nope, k_rot = torch.split(compressed, [module.kv_lora_rank, module.qk_rope_head_dim], -1)
+    kv_nope = module.kv_a_layernorm(kv_nope)
+    k_rot = k_rot.view(batch, 1, seq, module.qk_rope_head_dim)
+    q_rot, k_rot = _rope(module, q_rot, k_rot, position_embeddings)
+    latent = torch.cat([kv_nope, k_rot.view(batch, seq, module.qk_rope_head_dim)], dim=-1)
+    return q_nope, q_rot, latent, q_resid
+
+
+def _absorbed_query(module, q_nope, q_rot, dtype) -> torch.Tensor:
+    """[b, s, h, 576] in `dtype`: (q_nope · W_UK) ++ q_pe."""
+    w_uk, _ = absorbed_weights(module)
+    q_latent = torch.einsum("bhsn,hnc->bshc", q_nope, w_uk.to(q_nope.dtype))
+    return torch.cat([q_latent, q_rot.transpose(1, 2)], dim=-1).to(dtype).contiguous()
+
+
+def _output(module, out_latent, dtype) -> torch.Tensor:
+    """o_proj(W_UV · out_latent): out_latent [b, s, h, 512] → [b, s, hidden]."""
+    _, w_uv = absorbed_weights(module)
+    batch, seq = out_latent.shape[:2]
+    values = torch.einsum("bshc,hvc->bshv", out_latent.to(dtype), w_uv.to(dtype))
+    return module.o_proj(values.reshape(batch, seq, -1))
+
+
+def _check_unpadded(attention_mask) -> None:
+    """The last query of a causal mask without padding sees every key."""
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
+        return
+    last = attention_mask[..., -1, :]
+    ok = bool(last.all()) if attention_mask.dtype == torch.bool else bool((last == 0).all())
+    if not ok:
+        raise NotImplementedError("openmla: padded batches (an attention mask hiding some keys) are "
+                                  "not supported by the transformers integration yet: give every "
+                                  "sequence of a batch the same length")
+
+
+def _layer_of(module, cache):
+    """The OpenMLA cache layer of this module, or a throw-away one (no cache passed)."""
+    if cache is None:
+        page_size, kv_format = module._openmla_defaults
+        return OpenMLACacheLayer(_BlockTable(page_size), kv_format), None
+    if not isinstance(cache, OpenMLACache):
+        raise TypeError(f"openmla: the model's attention runs through OpenMLA and needs an "
+                        f"OpenMLACache, got {type(cache).__name__}: pass "
+                        "cache=openmla.integrations.transformers.OpenMLACache(model)")
+    return cache.layers[module.layer_idx], cache
+
+
+def _cache_of(kwargs, cache):
+    if cache is None:
+        cache = kwargs.pop("past_key_values", None)
+    return cache
+
+
+def _plain_dtype(kv_format: str):
+    return torch.float16 if kv_format == "fp16" else torch.bfloat16
+
+
+def _forward_v3(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
+                **kwargs):
+    cache = _cache_of(kwargs, cache)
+    _check_unpadded(attention_mask)
+    layer, _ = _layer_of(self, cache)
+    batch, seq = hidden_states.shape[:2]
+    q_nope, q_rot, latent, _ = _project(self, hidden_states, position_embeddings)
+    seqlens = layer.append(latent)
+    q = _absorbed_query(self, q_nope, q_rot, _plain_dtype(layer.kv_format))
+    out, _ = openmla.dense_decode(q, layer.kv_cache, layer.table.tensor(q.device), seqlens,
+                                  softmax_scale=float(self.scaling), causal=True)
+    return _output(self, out, hidden_states.dtype), None
+
+
+def _indexer_mask(attention_mask, batch, seq, length, device):
+    """The [b, s, t] mask V3.2's indexer scores against (transformers' 4D mask, or causal)."""
+    if attention_mask is not None:
+        return attention_mask[:, 0, :, :]
+    t = torch.arange(length, device=device)
+    s = torch.arange(length - seq, length, device=device)
+    return (t[None, :] <= s[:, None]).expand(batch, seq, length)
+
+
+def _forward_v32(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
+                 position_ids=None, **kwargs):
+    cache = _cache_of(kwargs, cache)
+    _check_unpadded(attention_mask)
+    layer, owner = _layer_of(self, cache)
+    batch, seq = hidden_states.shape[:2]
+    q_nope, q_rot, latent, q_resid = _project(self, hidden_states, position_embeddings)
+    layer.append(latent)
+    length = layer.length
+    mask = _indexer_mask(attention_mask, batch, seq, length, hidden_states.device)
+    # Without a cache (owner None) the indexer scores this call's tokens only, as they are all.
+    topk = self.indexer(hidden_states, q_resid, position_embeddings, mask, position_ids,
+                        cache=owner)  # [b, s, k] token positions
+    # Causality: a query at position p attends keys t <= p. The indexer already scored later keys
+    # -inf, but picks them anyway when fewer than index_topk keys are visible.
+    query_pos = torch.arange(length - seq, length, device=topk.device).view(1, seq, 1)
+    topk = torch.where(topk.long() <= query_pos, topk.long(), torch.full_like(topk.long(), -1))
+    q = _absorbed_query(self, q_nope, q_rot, torch.bfloat16)
+    scale = float(self.scaling)
+    if seq == 1:
+        slots = layer.table.slots(topk.view(batch, -1)).view(batch, seq, -1)
+        out, _ = openmla.sparse_decode(q, layer.kv_cache, slots, kv_format=layer.kv_format,
+                                       softmax_scale=scale)
+    else:
+        kv = layer.gather("bf16").reshape(batch * length, 1, _D_QK)
+        offset = (torch.arange(batch, device=topk.device) * length).view(batch, 1, 1)
+        indices = torch.where(topk >= 0, topk + offset, topk).to(torch.int32)
+        out, _, _ = openmla.sparse_prefill(q.view(batch * seq, -1, _D_QK), kv,
+                                           indices.view(batch * seq, 1, -1),
+                                           softmax_scale=scale)
+        out = out.view(batch, seq, -1, _LATENT)
+    return _output(self, out, hidden_states.dtype), None
