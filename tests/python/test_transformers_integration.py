@@ -1,0 +1,352 @@
+"""transformers' DeepSeek-V3 and V3.2 attention served by OpenMLA, checked logit for logit.
+
+Tiny random models (2 layers, the real latent and RoPE widths 512 and 64, 16 or 128 heads) in
+float32, run by transformers' eager attention (the reference) and by
+`openmla.integrations.transformers` (MLA's absorbed form over OpenMLA's paged cache, CPU backend),
+prefill then 32 teacher-forced decode steps.
+
+Tolerances: the reference is eager attention run on the *dequantised* cache (the same latents,
+rounded through the same KV format: bf16 for V3, fp8_v32 or bf16 for V3.2), so what remains is
+OpenMLA's own rounding: the absorbed query and the attention output pass through bf16 (the
+operations take and return bf16), ~2^-9 relative each. The check is
+max |logits - reference| <= 1% of max |reference logits| (what is seen: 0.1-0.4%), and the mean
+error <= 0.2%. Against the unquantised float32 model a bf16 cache stays within 2%.
+
+V3.2's indexer picks its top-k from hidden states that carry that rounding from the layers before,
+so on a near-tie at the k-th score the two runs can pick different keys. The reference therefore
+attends the keys OpenMLA's run picked (its own indexer still runs, and its picks are compared: equal
+in the first layer, whose input is the embedding, and for >= 90% of the queries after it).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+    import transformers
+except ImportError as error:  # CI installs both (tools/test.sh); elsewhere they are optional
+    pytest.skip(f"needs torch and transformers>=5 (pip install '.[transformers]'): {error}",
+                allow_module_level=True)
+
+if int(transformers.__version__.split(".")[0]) < 5:
+    pytest.skip(f"needs transformers>=5, found {transformers.__version__}",
+                allow_module_level=True)
+
+import openmla  # noqa: E402
+import openmla.integrations.transformers as omla_tf  # noqa: E402
+from transformers.cache_utils import Cache, DynamicCache, DynamicIndexedLayer, DynamicLayer  # noqa: E402
+
+try:
+    from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
+except ImportError:  # pragma: no cover - transformers without V3.2
+    DeepseekV32Config = DeepseekV32ForCausalLM = None
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
+
+needs_v32 = pytest.mark.skipif(DeepseekV32ForCausalLM is None,
+                               reason=f"transformers {transformers.__version__} has no deepseek_v32")
+
+DECODE_STEPS = 32
+VOCAB = 256
+REL_MAX = 1e-2    # max |Δlogit| / max |reference logit|
+REL_MEAN = 2e-3   # mean |Δlogit| / max |reference logit|
+
+
+def _config(kind, heads=16, nope=32, v=32, topk=16, yarn=False):
+    common = dict(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=192, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads,
+        n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=96, qk_rope_head_dim=64,
+        qk_nope_head_dim=nope, v_head_dim=v, max_position_embeddings=512, eos_token_id=None,
+        pad_token_id=0, bos_token_id=None, tie_word_embeddings=False)
+    if yarn:
+        common["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                     "original_max_position_embeddings": 128,
+                                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0}
+    if kind == "v3":
+        config = DeepseekV3Config(**common)
+    else:
+        config = DeepseekV32Config(**common, index_topk=topk, index_head_dim=64, index_n_heads=4)
+    config._attn_implementation = "eager"
+    return config
+
+
+def _model(kind, seed=0, **config):
+    torch.manual_seed(seed)
+    cls = DeepseekV3ForCausalLM if kind == "v3" else DeepseekV32ForCausalLM
+    model = cls(_config(kind, **config)).eval()
+    # transformers' init (std 0.02) leaves every attention score near 0 (uniform attention, blind
+    # to a wrong scale or key): sharpen the query, RoPE key and kv_b projections so scores spread
+    # over a few units.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            att = layer.self_attn
+            att.q_b_proj.weight.mul_(5.0)
+            att.kv_a_proj_with_mqa.weight.mul_(5.0)
+            att.kv_b_proj.weight.mul_(5.0)
+    return model
+
+
+# --- the reference: eager attention on the dequantised cache ------------------------------------
+
+def _roundtrip(kv_nope, k_rot, kv_format):
+    """The latents as OpenMLA's cache holds them: quantised and dequantised through kv_format."""
+    b, _, s, _ = kv_nope.shape
+    latent = torch.cat([kv_nope, k_rot], -1).reshape(b * s, 576).float().contiguous()
+    deq = openmla.dequantize(openmla.quantize(latent, kv_format), kv_format).to(kv_nope.dtype)
+    deq = deq.view(b, 1, s, 576)
+    return deq[..., :512], deq[..., 512:]
+
+
+def _dequantised_cache(model, kv_format):
+    """A transformers DynamicCache whose layers store the dequantised latents."""
+    base = DynamicIndexedLayer if isinstance(model, _v32_classes()) else DynamicLayer
+
+    class Layer(base):
+        def update(self, key_states, value_states, *args, **kwargs):
+            key_states, value_states = _roundtrip(key_states, value_states, kv_format)
+            return super().update(key_states, value_states, *args, **kwargs)
+
+    cache = DynamicCache()
+    Cache.__init__(cache, layers=[Layer() for _ in range(model.config.num_hidden_layers)])
+    return cache
+
+
+def _v32_classes():
+    return (DeepseekV32ForCausalLM,) if DeepseekV32ForCausalLM is not None else ()
+
+
+class _Indexers:
+    """Records V3.2's indexer picks in one run ("record") and makes another run attend them
+    ("replay"), keeping what its own indexer picked."""
+
+    def __init__(self, model):
+        self.indexers = [layer.self_attn.indexer for layer in model.model.layers]
+        self.mode = "off"
+        self.recorded = [[] for _ in self.indexers]
+        self.own = [[] for _ in self.indexers]
+        self.calls = [0 for _ in self.indexers]
+        for i, indexer in enumerate(self.indexers):
+            indexer.forward = self._wrap(i, indexer.forward)
+
+    def _wrap(self, i, forward):
+        def wrapped(*args, **kwargs):
+            picks = forward(*args, **kwargs)
+            mask = args[3]
+            visible = mask if mask.dtype == torch.bool else mask == 0
+            if self.mode == "record":
+                self.recorded[i].append(picks.clone())
+            elif self.mode == "replay":
+                self.own[i].append((picks.clone(), visible.clone()))
+                picks = self.recorded[i][self.calls[i]]
+                self.calls[i] += 1
+            return picks
+        return wrapped
+
+    def agreement(self, layer):
+        """Fraction of (sequence, query) whose picks among the visible keys are the same set."""
+        same = total = 0
+        for ours, (theirs, visible) in zip(self.recorded[layer], self.own[layer]):
+            for bi in range(ours.shape[0]):
+                for si in range(ours.shape[1]):
+                    seen = visible[bi, si]
+                    a = {t for t in ours[bi, si].tolist() if seen[t]}
+                    c = {t for t in theirs[bi, si].tolist() if seen[t]}
+                    same += a == c
+                    total += 1
+        return same / max(total, 1)
+
+
+def _teacher_forced(model, ids, prompt, cache):
+    """Logits [b, prompt + steps, vocab]: prefill `prompt` tokens, then one token a step."""
+    with torch.no_grad():
+        logits = [model(ids[:, :prompt], cache=cache, use_cache=True).logits]
+        for t in range(prompt, ids.shape[1]):
+            logits.append(model(ids[:, t:t + 1], cache=cache, use_cache=True).logits)
+    return torch.cat(logits, dim=1)
+
+
+def _assert_close(got, ref, rel_max=REL_MAX, rel_mean=REL_MEAN, what=""):
+    scale = ref.abs().max().item()
+    err = (got - ref).abs()
+    assert err.max().item() <= rel_max * scale, (
+        f"{what}: max |Δlogit| {err.max().item():.3e} > {rel_max} × {scale:.3f}")
+    assert err.mean().item() <= rel_mean * scale, (
+        f"{what}: mean |Δlogit| {err.mean().item():.3e} > {rel_mean} × {scale:.3f}")
+    return err.max().item() / scale
+
+
+def _compare(kind, kv_format, page_size, batch, prompt, seed=0, **config):
+    model = _model(kind, seed=seed, **config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, VOCAB, (batch, prompt + DECODE_STEPS), generator=gen)
+    indexers = _Indexers(model) if kind == "v32" else None
+    omla_tf.enable(model)
+    cache = omla_tf.OpenMLACache(model, page_size=page_size, kv_format=kv_format)
+    if indexers:
+        indexers.mode = "record"
+    got = _teacher_forced(model, ids, prompt, cache)
+    assert cache.get_seq_length() == prompt + DECODE_STEPS
+    assert cache.layers[0].kv_cache.shape[1] == page_size
+    omla_tf.disable(model)
+    if indexers:
+        indexers.mode = "replay"
+    ref = _teacher_forced(model, ids, prompt, _dequantised_cache(model, kv_format))
+    rel = _assert_close(got, ref, what=f"{kind} {kv_format} vs eager on the dequantised cache")
+    if indexers:
+        indexers.mode = "off"
+        assert indexers.agreement(0) == 1.0
+        assert indexers.agreement(1) >= 0.9, indexers.agreement(1)
+    if kv_format == "bf16" and kind == "v3":
+        with torch.no_grad():
+            exact = model(ids, use_cache=False).logits
+        _assert_close(got, exact, rel_max=2e-2, rel_mean=4e-3,
+                      what=f"{kind} bf16 vs the float32 model")
+    return rel
+
+
+# --- V3: dense decode (prefill: dense decode with s_q = prompt, causal) ------------------------
+
+@pytest.mark.parametrize("heads,nope,v,page_size,batch,prompt,yarn", [
+    (16, 32, 32, 64, 1, 7, False),
+    (16, 64, 64, 16, 3, 33, True),     # YaRN: the softmax scale carries mscale
+    (128, 32, 32, 16, 2, 20, False),
+])
+def test_v3_teacher_forced_decode(heads, nope, v, page_size, batch, prompt, yarn):
+    _compare("v3", "bf16", page_size, batch, prompt, heads=heads, nope=nope, v=v, yarn=yarn)
+
+
+def test_v3_softmax_scale_includes_yarn_mscale():
+    model = _model("v3", yarn=True)
+    att = model.model.layers[0].self_attn
+    factor = 0.1 * math.log(4.0) + 1.0  # yarn_get_mscale(4, mscale_all_dim=1)
+    assert att.scaling == pytest.approx((32 + 64) ** -0.5 * factor * factor)
+
+
+# --- V3.2: sparse decode / sparse prefill with the model's indexer top-k ------------------------
+
+@needs_v32
+@pytest.mark.parametrize("kv_format,heads,page_size,batch,prompt,topk", [
+    ("fp8_v32", 16, 64, 2, 12, 16),
+    ("fp8_v32", 128, 16, 1, 40, 32),
+    ("bf16", 16, 16, 3, 5, 8),
+])
+def test_v32_teacher_forced_decode(kv_format, heads, page_size, batch, prompt, topk):
+    _compare("v32", kv_format, page_size, batch, prompt, heads=heads, topk=topk)
+
+
+# --- greedy generation -------------------------------------------------------------------------
+
+def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, **config):
+    """OpenMLA's greedy tokens are the reference's argmax wherever its top-2 margin exceeds the
+    rounding (the reference re-reads OpenMLA's tokens, teacher-forced)."""
+    model = _model(kind, **config)
+    ids = torch.randint(0, VOCAB, (batch, prompt), generator=torch.Generator().manual_seed(7))
+    indexers = _Indexers(model) if kind == "v32" else None
+    omla_tf.enable(model, page_size=16, kv_format=kv_format)
+    if indexers:
+        indexers.mode = "record"
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             do_sample=False)   # no cache given: enable() supplies an OpenMLACache
+    assert out.shape == (batch, prompt + new_tokens)
+    assert torch.equal(out[:, :prompt], ids)
+    omla_tf.disable(model)
+    if indexers:
+        # generate's last token is never fed back: replay the recorded picks for the rest
+        indexers.mode = "replay"
+    ref = _teacher_forced(model, out[:, :-1], prompt, _dequantised_cache(model, kv_format))
+    ref = ref[:, prompt - 1:]                       # the logits that chose each new token
+    chosen = out[:, prompt:]
+    top2 = ref.topk(2, dim=-1).values
+    margin = (top2[..., 0] - top2[..., 1])
+    tol = REL_MAX * ref.abs().max().item()
+    argmax = ref.argmax(-1)
+    agree = argmax == chosen
+    assert bool((agree | (margin <= 2 * tol)).all()), (
+        f"greedy token differs where the reference's margin is clear: {(~agree).sum().item()} "
+        f"differing of {agree.numel()}")
+    return agree.float().mean().item()
+
+
+def test_v3_greedy_generation():
+    assert _greedy_matches("v3", "bf16", batch=2, prompt=9, new_tokens=24) >= 0.9
+
+
+@needs_v32
+def test_v32_greedy_generation():
+    assert _greedy_matches("v32", "fp8_v32", batch=2, prompt=9, new_tokens=24, topk=8) >= 0.9
+
+
+# --- the integration's own behaviour -----------------------------------------------------------
+
+def test_forward_without_cache_matches_eager():
+    model = _model("v3")
+    ids = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids, use_cache=False).logits
+        omla_tf.enable(model)
+        got = model(ids, use_cache=False).logits          # a throw-away paged cache per layer
+        got_default = model(ids).logits                   # enable() supplies an OpenMLACache
+    _assert_close(got, ref, rel_max=2e-2, rel_mean=4e-3, what="no cache")
+    assert torch.equal(got, got_default)
+
+
+def test_cache_layout_and_block_table():
+    model = _model("v3")
+    omla_tf.enable(model)
+    cache = omla_tf.OpenMLACache(model, page_size=16)
+    ids = torch.randint(0, VOCAB, (3, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        model(ids, cache=cache)
+    table = cache.block_table()
+    assert table.shape == (3, 3) and table.dtype == torch.int32
+    assert sorted(table.flatten().tolist()) == list(range(9))   # every block once
+    assert table[0].tolist() != [0, 1, 2]                        # round-robin: not contiguous
+    layer = cache.layers[1]
+    assert layer.kv_cache.dtype == torch.bfloat16 and tuple(layer.kv_cache.shape[1:]) == (16, 1, 576)
+    # the cached vector is kv_a_layernorm(c_kv) ++ RoPE(k_pe): the first 512 dims are RMS-normed
+    latent = layer.gather("fp32")
+    assert latent.shape == (3, 40, 576)
+    rms = latent[..., :512].pow(2).mean(-1).sqrt()
+    assert torch.allclose(rms, torch.ones_like(rms), atol=2e-2)
+    cache.crop(5)
+    assert cache.get_seq_length() == 35
+
+
+@needs_v32
+def test_v32_default_format_is_fp8_v32():
+    model = _model("v32")
+    assert omla_tf.default_kv_format(model) == "fp8_v32"
+    cache = omla_tf.OpenMLACache(model, page_size=64)
+    omla_tf.enable(model)
+    with torch.no_grad():
+        model(torch.randint(0, VOCAB, (1, 10)), cache=cache)
+    assert cache.layers[0].kv_cache.dtype == torch.uint8
+    assert tuple(cache.layers[0].kv_cache.shape[1:]) == (64, 1, 656)
+
+
+def test_errors():
+    model = _model("v3")
+    with pytest.raises(ValueError, match="kv_format"):
+        omla_tf.OpenMLACache(model, kv_format="fp8_v32")   # V3 reads plain caches (dense decode)
+    omla_tf.enable(model)
+    ids = torch.randint(0, VOCAB, (2, 6))
+    with torch.no_grad():
+        with pytest.raises(TypeError, match="OpenMLACache"):
+            model(ids, cache=DynamicCache(config=model.config))
+        mask = torch.ones_like(ids)
+        mask[0, 0] = 0  # left padding
+        with pytest.raises(NotImplementedError, match="padded"):
+            model(ids, attention_mask=mask, use_cache=False)
+    assert omla_tf.is_enabled(model)
+    omla_tf.disable(model)
+    assert not omla_tf.is_enabled(model)
+    with pytest.raises(RuntimeError, match="enable"):
+        with torch.no_grad():
+            model(ids, cache=omla_tf.OpenMLACache(model))
+    with pytest.raises(ValueError, match="DeepseekV3Attention"):
+        omla_tf.enable(torch.nn.Linear(2, 2))
