@@ -8,9 +8,9 @@ prefill then 32 teacher-forced decode steps.
 Tolerances: the reference is eager attention run on the *dequantised* cache (the same latents,
 rounded through the same KV format: bf16 for V3, fp8_v32 or bf16 for V3.2), so what remains is
 OpenMLA's own rounding: the absorbed query and the attention output pass through bf16 (the
-operations take and return bf16), ~2^-9 relative each. The check is
-max |logits - reference| <= 1% of max |reference logits| (what is seen: 0.1-0.4%), and the mean
-error <= 0.2%. Against the unquantised float32 model a bf16 cache stays within 2%.
+operations take and return bf16), ~2^-9 relative each. The checks, relative to max |reference
+logit|: bf16 cache max |Δlogit| <= 1.2%, mean <= 0.15%; fp8_v32 max <= 2%, mean <= 0.3% (see
+REL_MAX below for what is seen). The float32 model without any cache rounding: <= 1.5%, 0.2%.
 
 V3.2's indexer picks its top-k from hidden states that carry that rounding from the layers before,
 so on a near-tie at the k-th score the two runs can pick different keys. The reference therefore
@@ -49,8 +49,13 @@ needs_v32 = pytest.mark.skipif(DeepseekV32ForCausalLM is None,
 
 DECODE_STEPS = 32
 VOCAB = 256
-REL_MAX = 1e-2    # max |Δlogit| / max |reference logit|
-REL_MEAN = 2e-3   # mean |Δlogit| / max |reference logit|
+# Tolerances, relative to max |reference logit| (seen over 6 seeds: bf16 max <= 0.8%, mean <=
+# 0.09%; fp8_v32 max <= 1.1%, mean <= 0.17%; a softmax scale 2% off gives mean 0.3-0.4%).
+REL_MAX = 1.2e-2   # max |Δlogit|, bf16 cache
+REL_MEAN = 1.5e-3  # mean |Δlogit|, bf16 cache
+# fp8_v32: a latent that rounding upstream moved across an e4m3 rounding boundary lands a whole
+# e4m3 step (2^-4 relative) away from the reference's, in the layers after the first.
+FP8_REL_MAX, FP8_REL_MEAN = 2e-2, 3e-3
 
 
 def _config(kind, heads=16, nope=32, v=32, topk=16, yarn=False):
@@ -169,14 +174,20 @@ def _teacher_forced(model, ids, prompt, cache):
     return torch.cat(logits, dim=1)
 
 
-def _assert_close(got, ref, rel_max=REL_MAX, rel_mean=REL_MEAN, what=""):
+def _assert_close(got, ref, rel_max=None, rel_mean=None, what=""):
+    rel_max = REL_MAX if rel_max is None else rel_max
+    rel_mean = REL_MEAN if rel_mean is None else rel_mean
     scale = ref.abs().max().item()
     err = (got - ref).abs()
     assert err.max().item() <= rel_max * scale, (
         f"{what}: max |Δlogit| {err.max().item():.3e} > {rel_max} × {scale:.3f}")
     assert err.mean().item() <= rel_mean * scale, (
         f"{what}: mean |Δlogit| {err.mean().item():.3e} > {rel_mean} × {scale:.3f}")
+    _errors.append((what, err.max().item() / scale, err.mean().item() / scale))
     return err.max().item() / scale
+
+
+_errors = []  # (what, max, mean) relative errors of every comparison (for reports)
 
 
 def _compare(kind, kv_format, page_size, batch, prompt, seed=0, **config):
@@ -195,7 +206,10 @@ def _compare(kind, kv_format, page_size, batch, prompt, seed=0, **config):
     if indexers:
         indexers.mode = "replay"
     ref = _teacher_forced(model, ids, prompt, _dequantised_cache(model, kv_format))
-    rel = _assert_close(got, ref, what=f"{kind} {kv_format} vs eager on the dequantised cache")
+    fp8 = kv_format != "bf16"
+    rel = _assert_close(got, ref, rel_max=FP8_REL_MAX if fp8 else None,
+                        rel_mean=FP8_REL_MEAN if fp8 else None,
+                        what=f"{kind} {kv_format} vs eager on the dequantised cache")
     if indexers:
         indexers.mode = "off"
         assert indexers.agreement(0) == 1.0
@@ -203,7 +217,7 @@ def _compare(kind, kv_format, page_size, batch, prompt, seed=0, **config):
     if kv_format == "bf16" and kind == "v3":
         with torch.no_grad():
             exact = model(ids, use_cache=False).logits
-        _assert_close(got, exact, rel_max=2e-2, rel_mean=4e-3,
+        _assert_close(got, exact, rel_max=1.5e-2, rel_mean=2e-3,
                       what=f"{kind} bf16 vs the float32 model")
     return rel
 
@@ -291,7 +305,7 @@ def test_forward_without_cache_matches_eager():
         omla_tf.enable(model)
         got = model(ids, use_cache=False).logits          # a throw-away paged cache per layer
         got_default = model(ids).logits                   # enable() supplies an OpenMLACache
-    _assert_close(got, ref, rel_max=2e-2, rel_mean=4e-3, what="no cache")
+    _assert_close(got, ref, rel_max=1.5e-2, rel_mean=2e-3, what="no cache")
     assert torch.equal(got, got_default)
 
 
