@@ -58,12 +58,13 @@ REL_MEAN = 1.5e-3  # mean |Δlogit|, bf16 cache
 FP8_REL_MAX, FP8_REL_MEAN = 2e-2, 3e-3
 
 
-def _config(kind, heads=16, nope=32, v=32, topk=16, yarn=False):
+def _config(kind, heads=16, nope=32, v=32, topk=16, yarn=False, q_lora_rank=96,
+            rope_interleave=True, attn="eager"):
     common = dict(
         vocab_size=VOCAB, hidden_size=128, intermediate_size=192, moe_intermediate_size=32,
         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads,
         n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=96, qk_rope_head_dim=64,
+        first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=q_lora_rank, qk_rope_head_dim=64,
         qk_nope_head_dim=nope, v_head_dim=v, max_position_embeddings=512, eos_token_id=None,
         pad_token_id=0, bos_token_id=None, tie_word_embeddings=False)
     if yarn:
@@ -72,10 +73,10 @@ def _config(kind, heads=16, nope=32, v=32, topk=16, yarn=False):
                                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
                                      "mscale_all_dim": 1.0}
     if kind == "v3":
-        config = DeepseekV3Config(**common)
+        config = DeepseekV3Config(**common, rope_interleave=rope_interleave)
     else:
         config = DeepseekV32Config(**common, index_topk=topk, index_head_dim=64, index_n_heads=4)
-    config._attn_implementation = "eager"
+    config._attn_implementation = attn
     return config
 
 
@@ -89,7 +90,7 @@ def _model(kind, seed=0, **config):
     with torch.no_grad():
         for layer in model.model.layers:
             att = layer.self_attn
-            att.q_b_proj.weight.mul_(5.0)
+            (att.q_b_proj if att.q_b_proj is not None else att.q_proj).weight.mul_(5.0)
             att.kv_a_proj_with_mqa.weight.mul_(5.0)
             att.kv_b_proj.weight.mul_(5.0)
     return model
@@ -224,13 +225,14 @@ def _compare(kind, kv_format, page_size, batch, prompt, seed=0, **config):
 
 # --- V3: dense decode (prefill: dense decode with s_q = prompt, causal) ------------------------
 
-@pytest.mark.parametrize("heads,nope,v,page_size,batch,prompt,yarn", [
-    (16, 32, 32, 64, 1, 7, False),
-    (16, 64, 64, 16, 3, 33, True),     # YaRN: the softmax scale carries mscale
-    (128, 32, 32, 16, 2, 20, False),
+@pytest.mark.parametrize("heads,nope,v,page_size,batch,prompt,extra", [
+    (16, 32, 32, 64, 1, 7, {}),
+    (16, 64, 64, 16, 3, 33, {"yarn": True}),   # YaRN: the softmax scale carries mscale
+    (128, 32, 32, 16, 2, 20, {}),
+    (16, 32, 64, 64, 2, 3, {"q_lora_rank": None, "rope_interleave": False}),  # q_proj, half-split RoPE
 ])
-def test_v3_teacher_forced_decode(heads, nope, v, page_size, batch, prompt, yarn):
-    _compare("v3", "bf16", page_size, batch, prompt, heads=heads, nope=nope, v=v, yarn=yarn)
+def test_v3_teacher_forced_decode(heads, nope, v, page_size, batch, prompt, extra):
+    _compare("v3", "bf16", page_size, batch, prompt, heads=heads, nope=nope, v=v, **extra)
 
 
 def test_v3_softmax_scale_includes_yarn_mscale():
@@ -297,8 +299,9 @@ def test_v32_greedy_generation():
 
 # --- the integration's own behaviour -----------------------------------------------------------
 
-def test_forward_without_cache_matches_eager():
-    model = _model("v3")
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_forward_without_cache_matches_eager(attn):
+    model = _model("v3", attn=attn)
     ids = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = model(ids, use_cache=False).logits

@@ -34,7 +34,7 @@ where the model's tensors are (CPU backend, or CUDA where a kernel exists for th
 
 from __future__ import annotations
 
-import math
+import sys
 import types
 from typing import Any, List, Optional, Tuple
 
@@ -139,7 +139,7 @@ def enable(model, *, page_size: int = 64, kv_format: Optional[str] = None) -> An
             continue
         module._openmla_kind = kind
         module._openmla_defaults = (page_size, kv_format or {"v3": "bf16", "v32": "fp8_v32"}[kind])
-        module._openmla_original_forward = module.forward
+        module._openmla_original_forward = module.__dict__.get("forward")
         module.forward = types.MethodType(_forward_v3 if kind == "v3" else _forward_v32, module)
     defaults = {"page_size": page_size, "kv_format": kv_format}
     for base in _base_models(model):
@@ -182,7 +182,9 @@ def disable(model) -> Any:
     """Restores transformers' own attention forward on every module `enable` patched."""
     for module, _ in _attention_modules(model):
         if getattr(module, "_openmla_kind", None) is not None:
-            module.forward = module._openmla_original_forward
+            del module.forward  # the class's forward again, or what was set on the instance
+            if module._openmla_original_forward is not None:
+                module.forward = module._openmla_original_forward
             del module._openmla_original_forward
             module._openmla_kind = None
     for base in _base_models(model):
@@ -414,8 +416,10 @@ def absorbed_weights(module) -> Tuple[torch.Tensor, torch.Tensor]:
 
 def _rope(module, q_rot, k_rot, position_embeddings):
     cos, sin = position_embeddings
-    mod = __import__(type(module).__module__, fromlist=["x"])
-    if getattr(module.config, "rope_interleave", True):
+    mod = sys.modules[type(module).__module__]  # the model's own RoPE helpers
+    # V3 follows config.rope_interleave; V3.2's attention always interleaves (its indexer does not)
+    if getattr(module, "_openmla_kind", None) == "v32" or getattr(module.config, "rope_interleave",
+                                                                  True):
         return mod.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
     return mod.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
 
