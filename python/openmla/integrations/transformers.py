@@ -66,6 +66,11 @@ def _attention_classes():
         classes[m32.DeepseekV32Attention] = "v32"
     except ImportError:  # pragma: no cover - older transformers
         pass
+    try:
+        from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m4
+        classes[m4.DeepseekV4Attention] = "v4"
+    except ImportError:  # pragma: no cover - older transformers
+        pass
     return classes
 
 
@@ -89,12 +94,26 @@ def _model_kind(model) -> str:
     return kinds.pop()
 
 
+_DEFAULT_FORMATS = {"v3": "bf16", "v32": "fp8_v32", "v4": "fp8_model1"}
+_ALLOWED_FORMATS = {"v3": ("bf16", "fp16"), "v32": ("fp8_v32", "bf16"),
+                    "v4": ("fp8_model1", "fp8_mx", "bf16")}
+_MODEL_NAMES = {"v3": "DeepSeek-V3", "v32": "DeepSeek-V3.2", "v4": "DeepSeek-V4"}
+
+
 def default_kv_format(model) -> str:
-    """The cache format a model's attention is served from by default: bf16 (V3), fp8_v32 (V3.2)."""
-    return {"v3": "bf16", "v32": "fp8_v32"}[_model_kind(model)]
+    """The cache format a model's attention is served from by default: bf16 (V3), fp8_v32
+    (V3.2), fp8_model1 (V4: its main and its compressed caches)."""
+    return _DEFAULT_FORMATS[_model_kind(model)]
 
 
 def _check_module(module, kind: str) -> None:
+    if kind == "v4":
+        if module.head_dim != _LATENT or module.config.qk_rope_head_dim != _ROPE:
+            raise ValueError(f"openmla: layer {module.layer_idx}: OpenMLA's V4 caches hold "
+                             f"{_LATENT}-dim vectors whose last {_ROPE} dims carry RoPE; the model "
+                             f"has head_dim {module.head_dim} and qk_rope_head_dim "
+                             f"{module.config.qk_rope_head_dim}")
+        return
     if module.kv_lora_rank != _LATENT or module.qk_rope_head_dim != _ROPE:
         raise ValueError(f"openmla: layer {module.layer_idx}: OpenMLA's caches hold a "
                          f"{_LATENT}-dim latent and a {_ROPE}-dim RoPE key, the model has "
@@ -118,6 +137,11 @@ def _base_models(model):
         classes.append(DeepseekV32Model)
     except ImportError:  # pragma: no cover
         pass
+    try:
+        from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Model
+        classes.append(DeepseekV4Model)
+    except ImportError:  # pragma: no cover
+        pass
     return [m for m in model.modules() if isinstance(m, tuple(classes))]
 
 
@@ -138,9 +162,9 @@ def enable(model, *, page_size: int = 64, kv_format: Optional[str] = None) -> An
         if getattr(module, "_openmla_kind", None) is not None:
             continue
         module._openmla_kind = kind
-        module._openmla_defaults = (page_size, kv_format or {"v3": "bf16", "v32": "fp8_v32"}[kind])
+        module._openmla_defaults = (page_size, kv_format or _DEFAULT_FORMATS[kind])
         module._openmla_original_forward = module.__dict__.get("forward")
-        module.forward = types.MethodType(_forward_v3 if kind == "v3" else _forward_v32, module)
+        module.forward = types.MethodType(_FORWARDS[kind], module)
     defaults = {"page_size": page_size, "kv_format": kv_format}
     for base in _base_models(model):
         if "_openmla_original_forward" not in base.__dict__:
@@ -263,10 +287,11 @@ class OpenMLACacheLayer(CacheLayerMixin):
     supports_early_init = False
     is_sliding = False
 
-    def __init__(self, table: _BlockTable, kv_format: str):
+    def __init__(self, table: _BlockTable, kv_format: str, d_qk: int = _D_QK):
         super().__init__()
         self.table = table
         self.kv_format = kv_format
+        self.d_qk = d_qk
         self.kv_cache = None          # the paged OpenMLA cache
         self.length = 0               # tokens per sequence
         self.indexer_keys: Optional[torch.Tensor] = None
@@ -329,13 +354,14 @@ class OpenMLACacheLayer(CacheLayerMixin):
         if have >= need:
             return
         blocks = max(need, 2 * have)
-        grown = openmla.new_kv_cache(blocks, self.table.page_size, self.kv_format, like=like)
+        grown = openmla.new_kv_cache(blocks, self.table.page_size, self.kv_format, like=like,
+                                     d_qk=self.d_qk)
         if have:
             grown[:have].copy_(self.kv_cache)
         self.kv_cache = grown
 
     def append(self, latent: torch.Tensor) -> torch.Tensor:
-        """Writes latent [batch, n, 576] (the new tokens' cached vectors) after the cached ones;
+        """Writes latent [batch, n, d_qk] (the new tokens' cached vectors) after the cached ones;
         returns cache_seqlens [batch] int32 (the lengths after the write)."""
         batch, n, _ = latent.shape
         start = self.length
@@ -343,7 +369,7 @@ class OpenMLACacheLayer(CacheLayerMixin):
         self._grow(latent)
         positions = torch.arange(start, start + n, device=latent.device).expand(batch, n)
         slots = self.table.slots(positions).reshape(-1)
-        flat = latent.reshape(batch * n, _D_QK)
+        flat = latent.reshape(batch * n, self.d_qk)
         if flat.dtype not in (torch.float32, torch.bfloat16):
             flat = flat.float()
         openmla.kv_cache_write(flat.contiguous(), slots, self.kv_cache, kv_format=self.kv_format)
@@ -367,6 +393,54 @@ class OpenMLACacheLayer(CacheLayerMixin):
         return out.view(batch, self.length, -1)
 
 
+class OpenMLAV4CacheLayer(OpenMLACacheLayer):
+    """A DeepSeek-V4 layer's caches: the main (sliding-window) tokens in one OpenMLA paged cache,
+    and for CSA / HCA layers the compressed entries in a second ("extra") paged cache with its
+    own block table. The compressors' running state (window buffers, CSA overlap, entry counts)
+    stays transformers' own: a DeepseekV4CSACache / DeepseekV4HCACache held here, whose methods
+    the model's compressor calls through this layer."""
+
+    def __init__(self, table: _BlockTable, kv_format: str, config, layer_type: str):
+        super().__init__(table, kv_format, d_qk=_LATENT)
+        self.layer_type = layer_type
+        self.compression = None
+        self.extra = None
+        if layer_type != "sliding_attention":
+            from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m4
+            cls = (m4.DeepseekV4CSACache if layer_type == "compressed_sparse_attention"
+                   else m4.DeepseekV4HCACache)
+            self.compression = cls(config)
+            self.extra = OpenMLACacheLayer(_BlockTable(table.page_size), kv_format, d_qk=_LATENT)
+
+    # what the model's compressors and indexer call on cache.layers[layer_idx]
+    def store_compression_weights(self, *args, **kwargs):
+        return self.compression.store_compression_weights(*args, **kwargs)
+
+    def update_compressor_states(self, *args, **kwargs):
+        return self.compression.update_compressor_states(*args, **kwargs)
+
+    def update_overlap_state(self, *args, **kwargs):
+        return self.compression.update_overlap_state(*args, **kwargs)
+
+    def reset(self) -> None:
+        super().reset()
+        if self.compression is not None:
+            self.compression.reset()
+            self.extra.reset()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise NotImplementedError("OpenMLACache: a DeepSeek-V4 cache cannot be cropped (its "
+                                      "compressors' state cannot be rolled back)")
+
+    def sync_extra(self, compressed: torch.Tensor) -> int:
+        """Writes the compressed entries [batch, T, 512] not yet in the extra cache; returns T."""
+        total = int(compressed.shape[1])
+        if total > self.extra.length:
+            self.extra.append(compressed[:, self.extra.length:])
+        return total
+
+
 class OpenMLACache(Cache):
     """A transformers `Cache` whose layers are OpenMLA paged latent caches.
 
@@ -382,11 +456,11 @@ class OpenMLACache(Cache):
                 kv_format = default_kv_format(model)
             if num_layers is None:
                 num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-            allowed = ("bf16", "fp16") if kind == "v3" else ("fp8_v32", "bf16")
+            allowed = _ALLOWED_FORMATS[kind]
             if kv_format not in allowed:
                 raise ValueError(f"OpenMLACache: kv_format {kv_format!r} cannot serve a "
-                                 f"{'DeepSeek-V3' if kind == 'v3' else 'DeepSeek-V3.2'} model "
-                                 f"(expected one of {', '.join(allowed)})")
+                                 f"{_MODEL_NAMES[kind]} model (expected one of "
+                                 f"{', '.join(allowed)})")
         if kv_format is None or num_layers is None:
             raise ValueError("OpenMLACache: pass the model, or kv_format and num_layers")
         if page_size < 1:
@@ -394,8 +468,13 @@ class OpenMLACache(Cache):
         self.page_size = page_size
         self.kv_format = kv_format
         self.table = _BlockTable(page_size)
-        super().__init__(layers=[OpenMLACacheLayer(self.table, kv_format)
-                                 for _ in range(num_layers)])
+        if model is not None and kind == "v4":
+            config = model.config.get_text_config(decoder=True)
+            layers = [OpenMLAV4CacheLayer(self.table, kv_format, config, layer_type)
+                      for layer_type in config.layer_types[:num_layers]]
+        else:
+            layers = [OpenMLACacheLayer(self.table, kv_format) for _ in range(num_layers)]
+        super().__init__(layers=layers)
 
     @property
     def batch_size(self) -> int:
@@ -476,6 +555,9 @@ def _layer_of(module, cache):
     """The OpenMLA cache layer of this module, or a throw-away one (no cache passed)."""
     if cache is None:
         page_size, kv_format = module._openmla_defaults
+        if module._openmla_kind == "v4":
+            return OpenMLAV4CacheLayer(_BlockTable(page_size), kv_format, module.config,
+                                       module.layer_type), None
         return OpenMLACacheLayer(_BlockTable(page_size), kv_format), None
     if not isinstance(cache, OpenMLACache):
         raise TypeError(f"openmla: the model's attention runs through OpenMLA and needs an "
@@ -549,3 +631,103 @@ def _forward_v32(self, hidden_states, position_embeddings, attention_mask=None, 
                                            softmax_scale=scale)
         out = out.view(batch, seq, -1, _LATENT)
     return _output(self, out, hidden_states.dtype), None
+
+
+# --- DeepSeek-V4: sliding window + compressed entries + sink ------------------------------------
+
+def _v4_rope(x, cos, sin):
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb
+    return apply_rotary_pos_emb(x, cos, sin)
+
+
+def _check_unpadded_window(attention_mask, window: int) -> None:
+    """The last query of a sliding-window mask without padding sees its last `window` keys."""
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
+        return
+    last = attention_mask[..., -1, -window:]
+    ok = bool(last.all()) if attention_mask.dtype == torch.bool else bool((last == 0).all())
+    if not ok:
+        raise NotImplementedError("openmla: padded batches are not supported by the transformers "
+                                  "integration yet: give every sequence of a batch the same length")
+
+
+def _forward_v4(self, hidden_states, position_embeddings, position_ids=None, attention_mask=None,
+                cache=None, **kwargs):
+    """transformers' DeepseekV4Attention.forward, the attention through OpenMLA: sparse_decode
+    (one new token) or sparse_prefill over the sliding window of the main cache and the visible
+    compressed entries in one softmax with the per-head sink."""
+    cache = _cache_of(kwargs, cache)
+    _check_unpadded_window(attention_mask, self.sliding_window)
+    layer, owner = _layer_of(self, cache)
+    batch, seq = hidden_states.shape[:2]
+    cos, sin = position_embeddings[self.rope_layer_type]
+
+    q_residual = self.q_a_norm(self.q_a_proj(hidden_states))
+    q = self.q_b_proj(q_residual).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+    q = _v4_rope(self.q_b_norm(q), cos, sin)                          # [b, h, s, 512]
+    kv = self.kv_norm(self.kv_proj(hidden_states)).view(batch, seq, 1, self.head_dim)
+    kv = _v4_rope(kv.transpose(1, 2), cos, sin)                       # [b, 1, s, 512]
+    layer.append(kv[:, 0])
+    length = layer.length
+    device = hidden_states.device
+
+    # main cache: query at position p sees p - W < t <= p (transformers' sliding window)
+    query_pos = torch.arange(length - seq, length, device=device).view(1, seq, 1)
+    window = query_pos - torch.arange(self.sliding_window - 1, -1, -1, device=device)
+    window = torch.where(window >= 0, window, torch.full_like(window, -1)).expand(batch, -1, -1)
+
+    # compressed entries: the model's compressor (its state lives in the layer), mirrored into
+    # the extra paged cache; visible entries from the compressor's block bias (causality and,
+    # for CSA, the indexer's top-k); HCA decode (no bias) sees every entry
+    picks = None
+    if self.compressor is not None:
+        compressed, block_bias = self.compressor(hidden_states, q_residual, position_ids,
+                                                 owner, self.layer_idx)
+        total = layer.sync_extra(compressed[:, 0])
+        if total > 0:
+            entries = torch.arange(total, device=device).view(1, 1, total)
+            if block_bias is None:
+                visible = torch.ones(batch, seq, total, dtype=torch.bool, device=device)
+            else:
+                visible = block_bias[:, 0] == 0
+            picks = torch.where(visible, entries, torch.full_like(entries, -1))
+
+    q = q.transpose(1, 2).to(torch.bfloat16).contiguous()              # [b, s, h, 512]
+    sinks = self.sinks.detach().float().contiguous()
+    scale = float(self.scaling)
+    fmt = layer.kv_format
+    if seq == 1:
+        slots = layer.table.slots(window.reshape(batch, -1)).view(batch, seq, -1)
+        extra = {}
+        if picks is not None:
+            extra_slots = layer.extra.table.slots(picks.reshape(batch, -1)).view(batch, seq, -1)
+            extra = dict(extra_k_cache=layer.extra.kv_cache, extra_indices=extra_slots,
+                         extra_kv_format=fmt)
+        out, _ = openmla.sparse_decode(q, layer.kv_cache, slots, kv_format=fmt, attn_sink=sinks,
+                                       softmax_scale=scale, **extra)
+    else:
+        # one kv for sparse_prefill: every main token of the batch, then every compressed entry
+        main = layer.gather("bf16").reshape(batch * length, 1, _LATENT)
+        offset = (torch.arange(batch, device=device) * length).view(batch, 1, 1)
+        indices = torch.where(window >= 0, window + offset, window)
+        kv_all = main
+        if picks is not None:
+            comp = layer.extra.gather("bf16").reshape(batch * total, 1, _LATENT)
+            comp_offset = batch * length + (torch.arange(batch, device=device) * total).view(
+                batch, 1, 1)
+            indices = torch.cat([indices, torch.where(picks >= 0, picks + comp_offset, picks)], -1)
+            kv_all = torch.cat([main, comp], 0)
+        out, _, _ = openmla.sparse_prefill(q.view(batch * seq, -1, _LATENT), kv_all,
+                                           indices.to(torch.int32).view(batch * seq, 1, -1),
+                                           softmax_scale=scale, attn_sink=sinks)
+        out = out.view(batch, seq, -1, _LATENT)
+
+    # K = V: the output's RoPE slice is rotated back at the query position, as transformers does
+    attn_output = out.to(hidden_states.dtype)
+    attn_output = _v4_rope(attn_output.transpose(1, 2), cos, -sin).transpose(1, 2)
+    grouped = attn_output.reshape(batch, seq, self.config.o_groups, -1)
+    grouped = self.o_a_proj(grouped).flatten(2)
+    return self.o_b_proj(grouped), None
+
+
+_FORWARDS = {"v3": _forward_v3, "v32": _forward_v32, "v4": _forward_v4}
