@@ -97,6 +97,7 @@ def _model_kind(model) -> str:
 _DEFAULT_FORMATS = {"v3": "bf16", "v32": "fp8_v32", "v4": "fp8_model1"}
 _ALLOWED_FORMATS = {"v3": ("bf16", "fp16"), "v32": ("fp8_v32", "bf16"),
                     "v4": ("fp8_model1", "fp8_mx", "bf16")}
+_V4_EXTRA_FORMATS = ("fp8_model1", "fp8_mx", "fp4", "bf16")
 _MODEL_NAMES = {"v3": "DeepSeek-V3", "v32": "DeepSeek-V3.2", "v4": "DeepSeek-V4"}
 
 
@@ -145,11 +146,12 @@ def _base_models(model):
     return [m for m in model.modules() if isinstance(m, tuple(classes))]
 
 
-def enable(model, *, page_size: int = 64, kv_format: Optional[str] = None) -> Any:
+def enable(model, *, page_size: int = 64, kv_format: Optional[str] = None,
+           extra_kv_format: Optional[str] = None) -> Any:
     """Serves the attention of every DeepSeek-V3 / V3.2 MLA module of `model` through OpenMLA.
 
     Afterwards a forward or `generate` without a cache of its own gets a fresh `OpenMLACache`
-    (`page_size`, `kv_format`: see OpenMLACache) where transformers would have made a
+    (`page_size`, `kv_format`, `extra_kv_format`: see OpenMLACache) where transformers would have made a
     DynamicCache; pass `cache=OpenMLACache(model, ...)` to keep it across calls. A cache of
     another kind raises TypeError. Returns the model; `disable(model)` undoes it."""
     modules = _attention_modules(model)
@@ -157,15 +159,16 @@ def enable(model, *, page_size: int = 64, kv_format: Optional[str] = None) -> An
         _model_kind(model)  # raises the error naming what is supported
     for module, kind in modules:
         _check_module(module, kind)
-    OpenMLACache(model, page_size=page_size, kv_format=kv_format)  # checks the arguments
+    defaults = {"page_size": page_size, "kv_format": kv_format, "extra_kv_format": extra_kv_format}
+    OpenMLACache(model, **defaults)  # checks the arguments
     for module, kind in modules:
         if getattr(module, "_openmla_kind", None) is not None:
             continue
         module._openmla_kind = kind
-        module._openmla_defaults = (page_size, kv_format or _DEFAULT_FORMATS[kind])
+        module._openmla_defaults = (page_size, kv_format or _DEFAULT_FORMATS[kind],
+                                    extra_kv_format)
         module._openmla_original_forward = module.__dict__.get("forward")
         module.forward = types.MethodType(_FORWARDS[kind], module)
-    defaults = {"page_size": page_size, "kv_format": kv_format}
     for base in _base_models(model):
         if "_openmla_original_forward" not in base.__dict__:
             base._openmla_original_forward = base.forward
@@ -400,7 +403,8 @@ class OpenMLAV4CacheLayer(OpenMLACacheLayer):
     stays transformers' own: a DeepseekV4CSACache / DeepseekV4HCACache held here, whose methods
     the model's compressor calls through this layer."""
 
-    def __init__(self, table: _BlockTable, kv_format: str, config, layer_type: str):
+    def __init__(self, table: _BlockTable, kv_format: str, config, layer_type: str,
+                 extra_kv_format: Optional[str] = None):
         super().__init__(table, kv_format, d_qk=_LATENT)
         self.layer_type = layer_type
         self.compression = None
@@ -410,7 +414,8 @@ class OpenMLAV4CacheLayer(OpenMLACacheLayer):
             cls = (m4.DeepseekV4CSACache if layer_type == "compressed_sparse_attention"
                    else m4.DeepseekV4HCACache)
             self.compression = cls(config)
-            self.extra = OpenMLACacheLayer(_BlockTable(table.page_size), kv_format, d_qk=_LATENT)
+            self.extra = OpenMLACacheLayer(_BlockTable(table.page_size),
+                                           extra_kv_format or kv_format, d_qk=_LATENT)
 
     # what the model's compressors and indexer call on cache.layers[layer_idx]
     def store_compression_weights(self, *args, **kwargs):
@@ -444,12 +449,14 @@ class OpenMLAV4CacheLayer(OpenMLACacheLayer):
 class OpenMLACache(Cache):
     """A transformers `Cache` whose layers are OpenMLA paged latent caches.
 
-    OpenMLACache(model, page_size=64, kv_format=None): `kv_format` defaults to bf16 for V3 and
-    fp8_v32 for V3.2 (V3 takes bf16/fp16: dense decode reads plain caches; V3.2 takes any 576-dim
-    format: fp8_v32 or bf16). The cache grows as tokens arrive; one cache serves one batch."""
+    OpenMLACache(model, page_size=64, kv_format=None, extra_kv_format=None): `kv_format`
+    defaults to bf16 for V3, fp8_v32 for V3.2 and fp8_model1 for V4 (V3 takes bf16/fp16: dense
+    decode reads plain caches; V3.2 fp8_v32 or bf16; V4 fp8_model1, fp8_mx or bf16).
+    `extra_kv_format` (V4 only): the compressed entries' cache, default `kv_format` (V4.1 keeps
+    them in fp4). The cache grows as tokens arrive; one cache serves one batch."""
 
     def __init__(self, model=None, *, page_size: int = 64, kv_format: Optional[str] = None,
-                 num_layers: Optional[int] = None):
+                 extra_kv_format: Optional[str] = None, num_layers: Optional[int] = None):
         if model is not None:
             kind = _model_kind(model)
             if kv_format is None:
@@ -463,6 +470,8 @@ class OpenMLACache(Cache):
                                  f"{', '.join(allowed)})")
         if kv_format is None or num_layers is None:
             raise ValueError("OpenMLACache: pass the model, or kv_format and num_layers")
+        if extra_kv_format is not None and (model is None or kind != "v4"):
+            raise ValueError("OpenMLACache: extra_kv_format is for DeepSeek-V4 models only")
         if page_size < 1:
             raise ValueError(f"OpenMLACache: page_size must be >= 1, got {page_size}")
         self.page_size = page_size
@@ -470,7 +479,12 @@ class OpenMLACache(Cache):
         self.table = _BlockTable(page_size)
         if model is not None and kind == "v4":
             config = model.config.get_text_config(decoder=True)
-            layers = [OpenMLAV4CacheLayer(self.table, kv_format, config, layer_type)
+            if extra_kv_format is not None and extra_kv_format not in _V4_EXTRA_FORMATS:
+                raise ValueError(f"OpenMLACache: extra_kv_format {extra_kv_format!r} cannot hold "
+                                 f"DeepSeek-V4's compressed entries (expected one of "
+                                 f"{', '.join(_V4_EXTRA_FORMATS)})")
+            layers = [OpenMLAV4CacheLayer(self.table, kv_format, config, layer_type,
+                                          extra_kv_format)
                       for layer_type in config.layer_types[:num_layers]]
         else:
             layers = [OpenMLACacheLayer(self.table, kv_format) for _ in range(num_layers)]
@@ -554,10 +568,10 @@ def _check_unpadded(attention_mask) -> None:
 def _layer_of(module, cache):
     """The OpenMLA cache layer of this module, or a throw-away one (no cache passed)."""
     if cache is None:
-        page_size, kv_format = module._openmla_defaults
+        page_size, kv_format, extra_kv_format = module._openmla_defaults
         if module._openmla_kind == "v4":
             return OpenMLAV4CacheLayer(_BlockTable(page_size), kv_format, module.config,
-                                       module.layer_type), None
+                                       module.layer_type, extra_kv_format), None
         return OpenMLACacheLayer(_BlockTable(page_size), kv_format), None
     if not isinstance(cache, OpenMLACache):
         raise TypeError(f"openmla: the model's attention runs through OpenMLA and needs an "
@@ -702,7 +716,7 @@ def _forward_v4(self, hidden_states, position_embeddings, position_ids=None, att
         if picks is not None:
             extra_slots = layer.extra.table.slots(picks.reshape(batch, -1)).view(batch, seq, -1)
             extra = dict(extra_k_cache=layer.extra.kv_cache, extra_indices=extra_slots,
-                         extra_kv_format=fmt)
+                         extra_kv_format=layer.extra.kv_format)
         out, _ = openmla.sparse_decode(q, layer.kv_cache, slots, kv_format=fmt, attn_sink=sinks,
                                        softmax_scale=scale, **extra)
     else:
