@@ -272,9 +272,15 @@ def test_v32_teacher_forced_decode(kv_format, heads, page_size, batch, prompt, t
 def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, **config):
     """OpenMLA's greedy tokens are the reference's argmax wherever its top-2 margin exceeds the
     rounding (the reference re-reads OpenMLA's tokens, teacher-forced)."""
-    model = _model(kind, **config)
+    if kind == "v4":
+        model = _v4_model(**config)
+        indexers = _V4Indexers(model)
+        reference_cache = lambda: _v4_dequantised_cache(model, kv_format)  # noqa: E731
+    else:
+        model = _model(kind, **config)
+        indexers = _Indexers(model) if kind == "v32" else None
+        reference_cache = lambda: _dequantised_cache(model, kv_format)  # noqa: E731
     ids = torch.randint(0, VOCAB, (batch, prompt), generator=torch.Generator().manual_seed(7))
-    indexers = _Indexers(model) if kind == "v32" else None
     omla_tf.enable(model, page_size=16, kv_format=kv_format)
     if indexers:
         indexers.mode = "record"
@@ -287,12 +293,12 @@ def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, **config):
     if indexers:
         # generate's last token is never fed back: replay the recorded picks for the rest
         indexers.mode = "replay"
-    ref = _teacher_forced(model, out[:, :-1], prompt, _dequantised_cache(model, kv_format))
+    ref = _teacher_forced(model, out[:, :-1], prompt, reference_cache())
     ref = ref[:, prompt - 1:]                       # the logits that chose each new token
     chosen = out[:, prompt:]
     top2 = ref.topk(2, dim=-1).values
     margin = (top2[..., 0] - top2[..., 1])
-    tol = REL_MAX * ref.abs().max().item()
+    tol = {"v3": REL_MAX, "v32": FP8_REL_MAX, "v4": V4_FP8_REL_MAX}[kind] * ref.abs().max().item()
     argmax = ref.argmax(-1)
     agree = argmax == chosen
     assert bool((agree | (margin <= 2 * tol)).all()), (
@@ -308,6 +314,11 @@ def test_v3_greedy_generation():
 @needs_v32
 def test_v32_greedy_generation():
     assert _greedy_matches("v32", "fp8_v32", batch=2, prompt=9, new_tokens=24, topk=8) >= 0.9
+
+
+@needs_v4
+def test_v4_greedy_generation():
+    assert _greedy_matches("v4", "fp8_model1", batch=2, prompt=11, new_tokens=24) >= 0.9
 
 
 # --- the integration's own behaviour -----------------------------------------------------------
