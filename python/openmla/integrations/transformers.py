@@ -1,13 +1,14 @@
-"""Hugging Face transformers' DeepSeek-V3 and V3.2 attention, served by OpenMLA.
+"""Hugging Face transformers' DeepSeek-V3, V3.2 and V4 attention, served by OpenMLA.
 
     import openmla.integrations.transformers as omla_tf
 
-    omla_tf.enable(model)                          # patch the model's MLA attention modules
-    cache = omla_tf.OpenMLACache(model)            # a paged latent cache (bf16 V3, fp8_v32 V3.2)
-    out = model.generate(input_ids, cache=cache, max_new_tokens=32)
+    omla_tf.enable(model)                          # patch the model's attention modules
+    out = model.generate(input_ids, max_new_tokens=32)     # gets an OpenMLACache by itself
+    cache = omla_tf.OpenMLACache(model)            # or hold one: model(ids, cache=cache)
 
-`enable` replaces the forward of every `DeepseekV3Attention` / `DeepseekV32Attention` module with
-MLA's absorbed form over an OpenMLA paged cache:
+`enable` replaces the forward of every `DeepseekV3Attention` / `DeepseekV32Attention` /
+`DeepseekV4Attention` module; their projections, norms, RoPE, indexers and compressors stay the
+model's own. V3 and V3.2 run in MLA's absorbed form over an OpenMLA paged cache:
 
 - the cached vector of a token is its latent (`kv_a_layernorm(c_kv)`, kv_lora_rank = 512 dims)
   followed by its RoPE'd shared key (`k_pe`, 64 dims): 576 dims, written with
@@ -25,11 +26,16 @@ Which OpenMLA operation runs:
 - V3.2 decode (one new token): `sparse_decode` over the paged cache with the model's own indexer
   top-k (positions turned into cache slots through the block table);
 - V3.2 prefill (several new tokens): `sparse_prefill` over the sequence's cached tokens gathered
-  back (dequantised) with `kv_cache_gather`, indices = the indexer's top-k, causally masked.
+  back (dequantised) with `kv_cache_gather`, indices = the indexer's top-k, causally masked;
+- V4 (K = V, 512 dims, RoPE on the last 64): the main tokens in one paged cache (`fp8_model1` by
+  default), the compressed entries of CSA / HCA layers in a second ("extra") one; decode through
+  `sparse_decode` with the sliding window's slots, the visible compressed entries as
+  `extra_indices` and the per-head `attn_sink`; prefill through one `sparse_prefill` over both.
 
 Limits: every sequence of a batch has the same length (no padding: a padded attention mask raises
 NotImplementedError); beam search and cache reordering are not supported. The attention runs
 where the model's tensors are (CPU backend, or CUDA where a kernel exists for the operation).
+docs/transformers.md has the design, the tolerances it is tested to and the findings.
 """
 
 from __future__ import annotations
