@@ -248,6 +248,61 @@ def test_v3_teacher_forced_decode(heads, nope, v, page_size, batch, prompt, extr
     _compare("v3", "bf16", page_size, batch, prompt, heads=heads, nope=nope, v=v, **extra)
 
 
+def _left_padded(lengths, extra, seed):
+    """Prompts of `lengths` left-padded to the longest, then `extra` more tokens each: ids and
+    the 2D attention mask [batch, longest + extra]."""
+    gen = torch.Generator().manual_seed(seed)
+    longest = max(lengths)
+    ids = torch.randint(1, VOCAB, (len(lengths), longest + extra), generator=gen)
+    mask = torch.ones_like(ids)
+    for b, n in enumerate(lengths):
+        mask[b, : longest - n] = 0
+        ids[b, : longest - n] = 0
+    return ids, mask
+
+
+def _teacher_forced_padded(model, ids, mask, prompt, cache):
+    """_teacher_forced with a left-padded batch: positions as generate() makes them."""
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        logits = [model(ids[:, :prompt], attention_mask=mask[:, :prompt], cache=cache,
+                        position_ids=positions[:, :prompt], use_cache=True).logits]
+        for t in range(prompt, ids.shape[1]):
+            logits.append(model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], cache=cache,
+                                position_ids=positions[:, t:t + 1], use_cache=True).logits)
+    return torch.cat(logits, dim=1)
+
+
+@pytest.mark.parametrize("kind,kv_format", [
+    ("v3", "bf16"),
+    pytest.param("v32", "fp8_v32", marks=needs_v32),
+])
+def test_left_padded_batch(kind, kv_format):
+    """A batch of prompts 4, 17 and 9 tokens long, left-padded (as generate() batches them):
+    padding is not cached, each sequence attends its own tokens."""
+    model = _model(kind, topk=8) if kind == "v32" else _model(kind)
+    ids, mask = _left_padded([4, 17, 9], DECODE_STEPS, seed=21)
+    prompt = 17
+    indexers = _Indexers(model) if kind == "v32" else None
+    omla_tf.enable(model)
+    cache = omla_tf.OpenMLACache(model, page_size=16)
+    if indexers:
+        indexers.mode = "record"
+    got = _teacher_forced_padded(model, ids, mask, prompt, cache)
+    assert cache.layers[0].real.tolist() == [4 + DECODE_STEPS, 17 + DECODE_STEPS, 9 + DECODE_STEPS]
+    assert cache.get_seq_length() == prompt + DECODE_STEPS
+    omla_tf.disable(model)
+    if indexers:
+        indexers.mode = "replay"
+    ref = _teacher_forced_padded(model, ids, mask, prompt, _dequantised_cache(model, kv_format))
+    real = mask.bool()
+    fp8 = kv_format != "bf16"
+    _assert_close(got[real], ref[real], rel_max=FP8_REL_MAX if fp8 else None,
+                  rel_mean=FP8_REL_MEAN if fp8 else None, what=f"{kind} left-padded batch")
+    if indexers:
+        assert indexers.agreement(0) == 1.0
+
+
 def test_v3_softmax_scale_includes_yarn_mscale():
     model = _model("v3", yarn=True)
     att = model.model.layers[0].self_attn
@@ -269,9 +324,10 @@ def test_v32_teacher_forced_decode(kv_format, heads, page_size, batch, prompt, t
 
 # --- greedy generation -------------------------------------------------------------------------
 
-def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, **config):
+def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, lengths=None, **config):
     """OpenMLA's greedy tokens are the reference's argmax wherever its top-2 margin exceeds the
-    rounding (the reference re-reads OpenMLA's tokens, teacher-forced)."""
+    rounding (the reference re-reads OpenMLA's tokens, teacher-forced). `lengths`: prompts of
+    these lengths, left-padded to `prompt`."""
     if kind == "v4":
         model = _v4_model(**config)
         indexers = _V4Indexers(model)
@@ -280,12 +336,16 @@ def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, **config):
         model = _model(kind, **config)
         indexers = _Indexers(model) if kind == "v32" else None
         reference_cache = lambda: _dequantised_cache(model, kv_format)  # noqa: E731
-    ids = torch.randint(0, VOCAB, (batch, prompt), generator=torch.Generator().manual_seed(7))
+    if lengths is None:
+        ids = torch.randint(0, VOCAB, (batch, prompt), generator=torch.Generator().manual_seed(7))
+        mask = torch.ones_like(ids)
+    else:
+        ids, mask = _left_padded(lengths, 0, seed=7)
     omla_tf.enable(model, page_size=16, kv_format=kv_format)
     if indexers:
         indexers.mode = "record"
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
                              do_sample=False)   # no cache given: enable() supplies an OpenMLACache
     assert out.shape == (batch, prompt + new_tokens)
     assert torch.equal(out[:, :prompt], ids)
@@ -293,7 +353,8 @@ def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, **config):
     if indexers:
         # generate's last token is never fed back: replay the recorded picks for the rest
         indexers.mode = "replay"
-    ref = _teacher_forced(model, out[:, :-1], prompt, reference_cache())
+    full_mask = torch.cat([mask, torch.ones_like(out[:, prompt:])], dim=1)
+    ref = _teacher_forced_padded(model, out[:, :-1], full_mask[:, :-1], prompt, reference_cache())
     ref = ref[:, prompt - 1:]                       # the logits that chose each new token
     chosen = out[:, prompt:]
     top2 = ref.topk(2, dim=-1).values
@@ -309,6 +370,17 @@ def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, **config):
 
 def test_v3_greedy_generation():
     assert _greedy_matches("v3", "bf16", batch=2, prompt=9, new_tokens=24) >= 0.9
+
+
+def test_v3_greedy_generation_left_padded():
+    assert _greedy_matches("v3", "bf16", batch=3, prompt=13, new_tokens=16,
+                           lengths=[13, 5, 9]) >= 0.9
+
+
+@needs_v32
+def test_v32_greedy_generation_left_padded():
+    assert _greedy_matches("v32", "fp8_v32", batch=2, prompt=11, new_tokens=16, topk=8,
+                           lengths=[6, 11]) >= 0.9
 
 
 @needs_v32
@@ -380,8 +452,8 @@ def test_errors():
         with pytest.raises(TypeError, match="OpenMLACache"):
             model(ids, cache=DynamicCache(config=model.config))
         mask = torch.ones_like(ids)
-        mask[0, 0] = 0  # left padding
-        with pytest.raises(NotImplementedError, match="padded"):
+        mask[0, -1] = 0  # right padding
+        with pytest.raises(NotImplementedError, match="left padding"):
             model(ids, attention_mask=mask, use_cache=False)
     assert omla_tf.is_enabled(model)
     omla_tf.disable(model)

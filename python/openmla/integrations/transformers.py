@@ -302,7 +302,8 @@ class OpenMLACacheLayer(CacheLayerMixin):
         self.kv_format = kv_format
         self.d_qk = d_qk
         self.kv_cache = None          # the paged OpenMLA cache
-        self.length = 0               # tokens per sequence
+        self.length = 0               # tokens per sequence as transformers counts them (padding too)
+        self.real: Optional[torch.Tensor] = None  # [batch] tokens in the paged cache (no padding)
         self.indexer_keys: Optional[torch.Tensor] = None
 
     def lazy_initialization(self, key_states, value_states) -> None:  # pragma: no cover
@@ -324,13 +325,21 @@ class OpenMLACacheLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.length = 0
+        self.real = None
         self.indexer_keys = None
+
+    @property
+    def padding(self) -> torch.Tensor:
+        """[batch] padding tokens each sequence has in transformers' count (left padding)."""
+        return self.length - self.real
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove < 0:  # crop(-n) keeps the first n (transformers' convention)
             tokens_to_remove = self.length + tokens_to_remove
         tokens_to_remove = max(0, min(tokens_to_remove, self.length))
         self.length -= tokens_to_remove
+        if self.real is not None:  # the last tokens of a left-padded batch are real
+            self.real = (self.real - tokens_to_remove).clamp(min=0)
         if self.indexer_keys is not None and tokens_to_remove:
             self.indexer_keys = self.indexer_keys[:, : self.length]
 
@@ -369,21 +378,30 @@ class OpenMLACacheLayer(CacheLayerMixin):
             grown[:have].copy_(self.kv_cache)
         self.kv_cache = grown
 
-    def append(self, latent: torch.Tensor) -> torch.Tensor:
-        """Writes latent [batch, n, d_qk] (the new tokens' cached vectors) after the cached ones;
-        returns cache_seqlens [batch] int32 (the lengths after the write)."""
+    def append(self, latent: torch.Tensor, real: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Writes latent [batch, n, d_qk] (the new tokens' cached vectors) after the cached ones,
+        skipping the padding tokens (real [batch, n] bool: False); returns cache_seqlens [batch]
+        int32 (each sequence's cached tokens after the write)."""
         batch, n, _ = latent.shape
-        start = self.length
-        self.table.ensure(batch, start + n)
+        device = latent.device
+        if self.real is None:
+            self.real = torch.zeros(batch, dtype=torch.long, device=device)
+        if real is None:
+            real = torch.ones(batch, n, dtype=torch.bool, device=device)
+        counts = real.long().cumsum(1)
+        positions = torch.where(real, self.real[:, None] + counts - 1,
+                                torch.full_like(counts, -1))
+        after = self.real + counts[:, -1]
+        self.table.ensure(batch, int(after.max()))
         self._grow(latent)
-        positions = torch.arange(start, start + n, device=latent.device).expand(batch, n)
         slots = self.table.slots(positions).reshape(-1)
         flat = latent.reshape(batch * n, self.d_qk)
         if flat.dtype not in (torch.float32, torch.bfloat16):
             flat = flat.float()
         openmla.kv_cache_write(flat.contiguous(), slots, self.kv_cache, kv_format=self.kv_format)
-        self.length = start + n
-        return torch.full((batch,), self.length, dtype=torch.int32, device=latent.device)
+        self.real = after
+        self.length += n
+        return after.to(torch.int32)
 
     def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
         if self.indexer_keys is None:
@@ -393,13 +411,17 @@ class OpenMLACacheLayer(CacheLayerMixin):
         return self.indexer_keys
 
     def gather(self, out_dtype: str = "bf16") -> torch.Tensor:
-        """Every cached token, dequantised: [batch, length, 576]."""
+        """Every cached token, dequantised: [batch, max cached tokens, d_qk] (rows past a
+        sequence's length are zeros)."""
         batch = self.table.batch_size
-        positions = torch.arange(self.length, device=self.kv_cache.device).expand(batch, -1)
+        longest = int(self.real.max())
+        positions = torch.arange(longest, device=self.kv_cache.device).expand(batch, -1)
+        positions = torch.where(positions < self.real[:, None], positions,
+                                torch.full_like(positions, -1))
         slots = self.table.slots(positions).reshape(-1)
         out = openmla.kv_cache_gather(self.kv_cache, slots, kv_format=self.kv_format,
                                       out_dtype=out_dtype)
-        return out.view(batch, self.length, -1)
+        return out.view(batch, longest, -1)
 
 
 class OpenMLAV4CacheLayer(OpenMLACacheLayer):
@@ -559,16 +581,35 @@ def _output(module, out_latent, dtype) -> torch.Tensor:
     return module.o_proj(values.reshape(batch, seq, -1))
 
 
-def _check_unpadded(attention_mask) -> None:
-    """The last query of a causal mask without padding sees every key."""
+def _visible(attention_mask) -> Optional[torch.Tensor]:
+    """The keys the last query sees, [batch, keys] bool, from transformers' 4D mask (None: no
+    mask, every key)."""
     if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
-        return
-    last = attention_mask[..., -1, :]
-    ok = bool(last.all()) if attention_mask.dtype == torch.bool else bool((last == 0).all())
-    if not ok:
-        raise NotImplementedError("openmla: padded batches (an attention mask hiding some keys) are "
-                                  "not supported by the transformers integration yet: give every "
-                                  "sequence of a batch the same length")
+        return None
+    last = attention_mask[:, 0, -1, :] if attention_mask.dim() == 4 else attention_mask[:, -1, :]
+    return last if last.dtype == torch.bool else last == 0
+
+
+def _new_tokens(attention_mask, seq: int) -> Optional[torch.Tensor]:
+    """Which of the `seq` new tokens are real (not padding): [batch, seq] bool, or None (all).
+    Only left padding (padding before the real tokens) is served."""
+    visible = _visible(attention_mask)
+    if visible is None:
+        return None
+    real = visible[:, -seq:]
+    if bool((real.long().cummax(1).values != real.long()).any()):
+        raise NotImplementedError("openmla: only left padding is supported (a padding token after "
+                                  "a real one in the batch)")
+    return real
+
+
+def _check_lengths(attention_mask, layer) -> None:
+    """The last query sees exactly the sequence's cached tokens (no holes in the mask)."""
+    visible = _visible(attention_mask)
+    if visible is not None and not torch.equal(visible.sum(-1), layer.real.to(visible.device)):
+        raise NotImplementedError("openmla: the attention mask hides tokens other than left "
+                                  "padding; the transformers integration serves causal attention "
+                                  "over left-padded batches only")
 
 
 def _layer_of(module, cache):
@@ -599,11 +640,13 @@ def _plain_dtype(kv_format: str):
 def _forward_v3(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
                 **kwargs):
     cache = _cache_of(kwargs, cache)
-    _check_unpadded(attention_mask)
     layer, _ = _layer_of(self, cache)
     batch, seq = hidden_states.shape[:2]
     q_nope, q_rot, latent, _ = _project(self, hidden_states, position_embeddings)
-    seqlens = layer.append(latent)
+    # Left padding is not cached: each sequence's own length, and the causal rule of
+    # dense_decode (query j sees t <= L - s_q + j) puts its real queries on its real keys
+    seqlens = layer.append(latent, _new_tokens(attention_mask, seq))
+    _check_lengths(attention_mask, layer)
     q = _absorbed_query(self, q_nope, q_rot, _plain_dtype(layer.kv_format))
     out, _ = openmla.dense_decode(q, layer.kv_cache, layer.table.tensor(q.device), seqlens,
                                   softmax_scale=float(self.scaling), causal=True)
@@ -622,20 +665,24 @@ def _indexer_mask(attention_mask, batch, seq, length, device):
 def _forward_v32(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
                  position_ids=None, **kwargs):
     cache = _cache_of(kwargs, cache)
-    _check_unpadded(attention_mask)
     layer, owner = _layer_of(self, cache)
     batch, seq = hidden_states.shape[:2]
     q_nope, q_rot, latent, q_resid = _project(self, hidden_states, position_embeddings)
-    layer.append(latent)
-    length = layer.length
+    layer.append(latent, _new_tokens(attention_mask, seq))
+    _check_lengths(attention_mask, layer)
+    length = layer.length  # transformers' count, padding included (the indexer's key axis)
     mask = _indexer_mask(attention_mask, batch, seq, length, hidden_states.device)
     # Without a cache (owner None) the indexer scores this call's tokens only, as they are all.
     topk = self.indexer(hidden_states, q_resid, position_embeddings, mask, position_ids,
                         cache=owner)  # [b, s, k] token positions
     # Causality: a query at position p attends keys t <= p. The indexer already scored later keys
-    # -inf, but picks them anyway when fewer than index_topk keys are visible.
+    # (and padding) -inf, but picks them anyway when fewer than index_topk keys are visible.
+    # Key t of transformers' (left-padded) axis is cached token t - padding.
     query_pos = torch.arange(length - seq, length, device=topk.device).view(1, seq, 1)
-    topk = torch.where(topk.long() <= query_pos, topk.long(), torch.full_like(topk.long(), -1))
+    pad = layer.padding.to(topk.device).view(batch, 1, 1)
+    topk = topk.long()
+    keep = (topk <= query_pos) & (topk >= pad)
+    topk = torch.where(keep, topk - pad, torch.full_like(topk, -1))
     q = _absorbed_query(self, q_nope, q_rot, torch.bfloat16)
     scale = float(self.scaling)
     if seq == 1:
@@ -643,8 +690,10 @@ def _forward_v32(self, hidden_states, position_embeddings, attention_mask=None, 
         out, _ = openmla.sparse_decode(q, layer.kv_cache, slots, kv_format=layer.kv_format,
                                        softmax_scale=scale)
     else:
-        kv = layer.gather("bf16").reshape(batch * length, 1, _D_QK)
-        offset = (torch.arange(batch, device=topk.device) * length).view(batch, 1, 1)
+        gathered = layer.gather("bf16")
+        longest = gathered.shape[1]
+        kv = gathered.reshape(batch * longest, 1, _D_QK)
+        offset = (torch.arange(batch, device=topk.device) * longest).view(batch, 1, 1)
         indices = torch.where(topk >= 0, topk + offset, topk).to(torch.int32)
         out, _, _ = openmla.sparse_prefill(q.view(batch * seq, -1, _D_QK), kv,
                                            indices.view(batch * seq, 1, -1),
