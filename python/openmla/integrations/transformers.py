@@ -32,8 +32,9 @@ Which OpenMLA operation runs:
   `sparse_decode` with the sliding window's slots, the visible compressed entries as
   `extra_indices` and the per-head `attn_sink`; prefill through one `sparse_prefill` over both.
 
-Limits: every sequence of a batch has the same length (no padding: a padded attention mask raises
-NotImplementedError); beam search and cache reordering are not supported. The attention runs
+Batches may be left-padded (V3, V3.2: padding is not cached, each sequence has its own length);
+right padding, masks with holes, padding for V4, beam search and cache reordering raise
+NotImplementedError. The attention runs
 where the model's tensors are (CPU backend, or CUDA where a kernel exists for the operation).
 docs/transformers.md has the design, the tolerances it is tested to and the findings.
 """
