@@ -21,7 +21,6 @@ in the first layer, whose input is the embedding, and for >= 90% of the queries 
 
 import math
 
-import numpy as np
 import pytest
 
 try:
@@ -49,8 +48,9 @@ except ImportError:  # pragma: no cover - transformers without V4
     DeepseekV4Config = DeepseekV4ForCausalLM = None
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 
-needs_v32 = pytest.mark.skipif(DeepseekV32ForCausalLM is None,
-                               reason=f"transformers {transformers.__version__} has no deepseek_v32")
+needs_v32 = pytest.mark.skipif(
+    DeepseekV32ForCausalLM is None,
+    reason=f"transformers {transformers.__version__} has no deepseek_v32")
 needs_v4 = pytest.mark.skipif(DeepseekV4ForCausalLM is None,
                               reason=f"transformers {transformers.__version__} has no deepseek_v4")
 
@@ -242,7 +242,8 @@ def _compare(kind, kv_format, page_size, batch, prompt, seed=0, **config):
     (16, 32, 32, 64, 1, 7, {}),
     (16, 64, 64, 16, 3, 33, {"yarn": True}),   # YaRN: the softmax scale carries mscale
     (128, 32, 32, 16, 2, 20, {}),
-    (16, 32, 64, 64, 2, 3, {"q_lora_rank": None, "rope_interleave": False}),  # q_proj, half-split RoPE
+    # q_proj (no q LoRA), half-split RoPE
+    (16, 32, 64, 64, 2, 3, {"q_lora_rank": None, "rope_interleave": False}),
 ])
 def test_v3_teacher_forced_decode(heads, nope, v, page_size, batch, prompt, extra):
     _compare("v3", "bf16", page_size, batch, prompt, heads=heads, nope=nope, v=v, **extra)
@@ -420,7 +421,8 @@ def test_cache_layout_and_block_table():
     assert sorted(table.flatten().tolist()) == list(range(9))   # every block once
     assert table[0].tolist() != [0, 1, 2]                        # round-robin: not contiguous
     layer = cache.layers[1]
-    assert layer.kv_cache.dtype == torch.bfloat16 and tuple(layer.kv_cache.shape[1:]) == (16, 1, 576)
+    assert layer.kv_cache.dtype == torch.bfloat16
+    assert tuple(layer.kv_cache.shape[1:]) == (16, 1, 576)
     # the cached vector is kv_a_layernorm(c_kv) ++ RoPE(k_pe): the first 512 dims are RMS-normed
     latent = layer.gather("fp32")
     assert latent.shape == (3, 40, 576)
@@ -491,7 +493,7 @@ def _v4_model(seed=0, heads=16, window=8, csa=4, hca=8, topk=4):
 
 def _v4_dequantised_cache(model, kv_format, extra_kv_format=None):
     """transformers' own V4 DynamicCache, its main tokens (kv_format) and compressed entries
-    (extra_kv_format) stored dequantised (the compressors' inputs and the indexer keys untouched)."""
+    (extra_kv_format) stored dequantised (the compressors' inputs, indexer keys untouched)."""
     cache = DynamicCache(config=model.config)
     extra_kv_format = extra_kv_format or kv_format
 

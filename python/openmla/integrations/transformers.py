@@ -133,7 +133,7 @@ def _check_module(module, kind: str) -> None:
 
 
 def _base_models(model):
-    """The DeepseekV3Model / DeepseekV32Model instances inside `model` (or `model` itself)."""
+    """The DeepseekV3Model / V32Model / V4Model instances inside `model` (or `model` itself)."""
     classes = []
     try:
         from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Model
@@ -155,12 +155,13 @@ def _base_models(model):
 
 def enable(model, *, page_size: int = 64, kv_format: Optional[str] = None,
            extra_kv_format: Optional[str] = None) -> Any:
-    """Serves the attention of every DeepSeek-V3 / V3.2 MLA module of `model` through OpenMLA.
+    """Serves the attention of every DeepSeek-V3 / V3.2 / V4 attention module of `model` through
+    OpenMLA.
 
     Afterwards a forward or `generate` without a cache of its own gets a fresh `OpenMLACache`
-    (`page_size`, `kv_format`, `extra_kv_format`: see OpenMLACache) where transformers would have made a
-    DynamicCache; pass `cache=OpenMLACache(model, ...)` to keep it across calls. A cache of
-    another kind raises TypeError. Returns the model; `disable(model)` undoes it."""
+    (`page_size`, `kv_format`, `extra_kv_format`: see OpenMLACache) where transformers would
+    have made a DynamicCache; pass `cache=OpenMLACache(model, ...)` to keep it across calls. A
+    cache of another kind raises TypeError. Returns the model; `disable(model)` undoes it."""
     modules = _attention_modules(model)
     if not modules:
         _model_kind(model)  # raises the error naming what is supported
@@ -259,8 +260,8 @@ class _BlockTable:
         if self.blocks is None:
             self.blocks = [[] for _ in range(batch)]
         elif len(self.blocks) != batch:
-            raise ValueError(f"OpenMLACache: batch size changed from {len(self.blocks)} to {batch}; "
-                             "use a fresh cache for a new batch")
+            raise ValueError(f"OpenMLACache: batch size changed from {len(self.blocks)} to "
+                             f"{batch}; use a fresh cache for a new batch")
         need = -(-length // self.page_size)
         while len(self.blocks[0]) < need:
             for seq in self.blocks:
@@ -303,7 +304,7 @@ class OpenMLACacheLayer(CacheLayerMixin):
         self.kv_format = kv_format
         self.d_qk = d_qk
         self.kv_cache = None          # the paged OpenMLA cache
-        self.length = 0               # tokens per sequence as transformers counts them (padding too)
+        self.length = 0               # tokens per sequence, as transformers counts (padding too)
         self.real: Optional[torch.Tensor] = None  # [batch] tokens in the paged cache (no padding)
         self.indexer_keys: Optional[torch.Tensor] = None
 
@@ -311,8 +312,8 @@ class OpenMLACacheLayer(CacheLayerMixin):
         pass
 
     def update(self, key_states, value_states, *args, **kwargs):
-        raise RuntimeError("OpenMLACache holds the latents in OpenMLA's paged format and is read by "
-                           "OpenMLA's attention only: call openmla.integrations.transformers."
+        raise RuntimeError("OpenMLACache holds the latents in OpenMLA's paged format and is read "
+                           "by OpenMLA's attention only: call openmla.integrations.transformers."
                            "enable(model) before running the model with it")
 
     def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
@@ -717,8 +718,9 @@ def _check_unpadded_window(attention_mask, window: int) -> None:
     last = attention_mask[..., -1, -window:]
     ok = bool(last.all()) if attention_mask.dtype == torch.bool else bool((last == 0).all())
     if not ok:
-        raise NotImplementedError("openmla: padded batches are not supported by the transformers "
-                                  "integration yet: give every sequence of a batch the same length")
+        raise NotImplementedError("openmla: padded DeepSeek-V4 batches are not supported by the "
+                                  "transformers integration yet: give every sequence the same "
+                                  "length")
 
 
 def _forward_v4(self, hidden_states, position_embeddings, position_ids=None, attention_mask=None,
