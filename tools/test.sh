@@ -63,7 +63,7 @@ if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   # The CPU-only wheel: the CUDA kernels were already compiled (and spill-checked) above.
   "$venv/bin/python" -m pip install -q . -Ccmake.define.OPENMLA_CUDA=OFF -Cbuild-dir="$build/wheel"
-  "$venv/bin/python" -m pip install -q pytest numpy ml_dtypes torch "transformers>=5"
+  "$venv/bin/python" -m pip install -q pytest numpy ml_dtypes torch==2.15.0 transformers==5.25.0
   "$venv/bin/python" -m pytest -q tests/python -m "not gpu"
 fi
 echo "== all tests passed"
