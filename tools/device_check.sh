@@ -231,6 +231,7 @@ else
     PKG="$BUILD_DIR/pypkg"
     rm -rf "$PKG" && mkdir -p "$PKG/openmla"
     cp "$ROOT"/python/openmla/*.py "$PKG/openmla/" && cp "${ext[0]}" "$PKG/openmla/"
+    mkdir -p "$PKG/openmla/integrations" && cp "$ROOT"/python/openmla/integrations/*.py "$PKG/openmla/integrations/"
     export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     # The extension segfaulted here in libstdc++ number formatting (2026-12-02, NOTES of issue 4):
     # record what it links and whether it carries libstdc++ code of its own.

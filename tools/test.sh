@@ -67,7 +67,8 @@ if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   "$venv/bin/pip" install . >"$build/pip_install.log" 2>&1 ||
     { tail -n 60 "$build/pip_install.log"; exit 1; }
   echo "pip install . took $((SECONDS - start)) s (log: $build/pip_install.log)"
-  "$venv/bin/python" -m pip install -q pytest numpy ml_dtypes
+  # torch (CPU use; PyPI's wheel) and transformers for the transformers integration tests.
+  "$venv/bin/python" -m pip install -q pytest numpy ml_dtypes torch==2.15.0 transformers==5.25.0
   "$venv/bin/python" -m pytest -q tests/python -m "not gpu"
 fi
 echo "== all tests passed"
