@@ -2,7 +2,7 @@
 
 Framework-neutral functions over numpy arrays and torch tensors (CPU or CUDA):
 
-    dense_decode, sparse_decode, sparse_prefill, merge_attention_states,
+    dense_decode, sparse_decode, sparse_prefill, sparse_prefill_from_cache, merge_attention_states,
     kv_cache_write, kv_cache_gather, kv_cache_convert, quantize, dequantize, new_kv_cache,
     plan_decode_schedule, decode_num_sm_parts, decode_workspace, decode_workspace_size,
     kv_format_info, kv_layout, describe_kv_cache
@@ -39,6 +39,7 @@ from ._api import (
     quantize,
     sparse_decode,
     sparse_prefill,
+    sparse_prefill_from_cache,
 )
 from . import flash_mla
 from ._alias import install_flash_mla_alias
@@ -67,5 +68,6 @@ __all__ = [
     "dense_decode", "dequantize", "describe_kv_cache", "infer_kv_format", "kv_cache_convert",
     "kv_cache_gather", "kv_cache_write", "kv_format_info", "kv_layout", "merge_attention_states",
     "new_kv_cache", "plan_decode_schedule", "quantize", "sparse_decode", "sparse_prefill",
+    "sparse_prefill_from_cache",
     "flash_mla", "torch_ops_registered", "__version__",
 ]

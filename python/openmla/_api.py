@@ -20,7 +20,8 @@ from . import _C
 from . import _frameworks as fw
 
 __all__ = [
-    "DecodeSchedule", "dense_decode", "sparse_decode", "sparse_prefill", "merge_attention_states",
+    "DecodeSchedule", "dense_decode", "sparse_decode", "sparse_prefill",
+    "sparse_prefill_from_cache", "merge_attention_states",
     "kv_cache_write", "kv_cache_gather", "kv_cache_convert", "quantize", "dequantize",
     "new_kv_cache", "plan_decode_schedule", "decode_num_sm_parts", "kv_format_info", "kv_layout",
     "describe_kv_cache", "cache_d_qk", "infer_kv_format", "KV_FORMATS", "cuda_backend_available",
@@ -392,6 +393,52 @@ def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v
                           attn_sink=fw.to_c(attn_sink), d_v=d_v, softmax_scale=scale,
                           workspace=fw.to_c(_workspace(frame, q, ws)),
                           stream=_stream(frame, q, stream))
+    return out, max_logits, lse
+
+
+def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] = None,
+                              kv_layout: str = "default", softmax_scale: Optional[float] = None,
+                              d_v: int = 512, attn_sink=None, topk_length=None, out=None,
+                              max_logits=None, lse=None, stream: Optional[int] = None):
+    """Sparse prefill with the keys read straight from a paged KV cache of any format (fp8_v32,
+    fp8_model1, fp8_mx, fp4 or bf16; dequantised as they are loaded, no bf16 copy of the cache).
+
+    q [s_q, h_q, d_qk] bf16; k_cache as for sparse_decode ([num_blocks, page_size, 1, bytes] with
+    the format from bytes per token, or `kv_format`); indices [s_q, 1, topk] int32 of cache slots
+    block * page_size + offset (invalid: < 0 or >= num_blocks * page_size). Returns (out
+    [s_q, h_q, d_v] bf16, max_logits [s_q, h_q], lse [s_q, h_q]), as sparse_prefill. Eager only
+    (no torch.compile custom op yet)."""
+    op = "sparse_prefill"
+    _check(op, "q", q, ("bf16",), 3)
+    frame = fw.framework_of(q, op, "q")
+    _check_cache(op, "k_cache", k_cache)
+    _check_format(op, "kv_format", kv_format, kv_layout)
+    _check(op, "indices", indices, ("int32",), 3)
+    _check(op, "attn_sink", attn_sink, ("fp32",), 1, optional=True)
+    _check(op, "topk_length", topk_length, ("int32",), 1, optional=True)
+    scale = _scale(op, softmax_scale)
+    s_q, h_q, _ = _shape(q)
+    if out is None:
+        out = frame.empty((s_q, h_q, d_v), "bf16", q, op, "out")
+    else:
+        _check_out(op, "out", out, ("bf16",), (s_q, h_q, d_v))
+    if max_logits is None:
+        max_logits = frame.empty((s_q, h_q), "fp32", q, op, "max_logits")
+    else:
+        _check_out(op, "max_logits", max_logits, ("fp32",), (s_q, h_q))
+    if lse is None:
+        lse = frame.empty((s_q, h_q), "fp32", q, op, "lse")
+    else:
+        _check_out(op, "lse", lse, ("fp32",), (s_q, h_q))
+    device = _device(frame, q, op, "q")
+    ws = _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
+    with frame.guard(q):
+        _C.sparse_prefill_cache(fw.to_c(q), fw.to_c(k_cache), fw.to_c(indices), fw.to_c(out),
+                                fw.to_c(max_logits), fw.to_c(lse), k_cache_format=kv_format,
+                                k_cache_layout=kv_layout, topk_length=fw.to_c(topk_length),
+                                attn_sink=fw.to_c(attn_sink), d_v=d_v, softmax_scale=scale,
+                                workspace=fw.to_c(_workspace(frame, q, ws)),
+                                stream=_stream(frame, q, stream))
     return out, max_logits, lse
 
 
