@@ -107,6 +107,10 @@ struct SparseDecodeArgs {
   TensorView out;               // [b, s_q, h_q, d_v] bf16
   TensorView lse;               // [b, h_q, s_q] fp32 (without the sink)
   TensorView max_logits;        // optional [b, h_q, s_q] fp32: max scaled logit (-inf: lonely)
+  // Batch-invariant: a query token's result does not depend on the batch it is in (reproducible
+  // serving). CUDA: no split-KV (one CTA walks the token's keys in order), so small batches use
+  // fewer SMs; the CPU backend is always batch-invariant.
+  bool batch_invariant = false;
   Workspace workspace;
 };
 size_t sparse_decode_workspace_size(Device device, int batch, int s_q, int h_q, int d_v);

@@ -298,8 +298,11 @@ def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extr
                   softmax_scale: Optional[float] = None,
                   schedule: Optional[DecodeSchedule] = None, out=None, lse=None,
                   workspace=None, check_values: Optional[bool] = None,
-                  stream: Optional[int] = None):
+                  stream: Optional[int] = None, batch_invariant: bool = False):
     """Sparse decode (V3.2 DSA, V4, V4.1). Returns (out [b, s_q, h_q, d_v] bf16, lse [b, h_q, s_q]).
+
+    batch_invariant=True: each query token's result is independent of the batch it is in (on the
+    GPU no split-KV: fewer SMs busy at small batches); the CPU backend always is.
 
     q [b, s_q, h_q, d_qk] bf16; k_cache: cache bytes [num_blocks, page_size, 1, bytes_per_token]
     (format from bytes per token, or `kv_format`) or a bf16 cache [num_blocks, page_size, 1, d_qk];
@@ -349,7 +352,8 @@ def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extr
             extra_k_cache_layout=extra_kv_layout, extra_indices=fw.to_c(extra_indices),
             extra_topk_length=fw.to_c(extra_topk_length), attn_sink=fw.to_c(attn_sink), d_v=d_v,
             softmax_scale=scale, workspace=fw.to_c(ws_array),
-            stream=_stream(frame, q, stream), **_schedule_args(schedule))
+            stream=_stream(frame, q, stream), batch_invariant=bool(batch_invariant),
+            **_schedule_args(schedule))
     return out, lse
 
 

@@ -87,9 +87,10 @@ void sparse_decode_py(const Array& q, const Array& k_cache, const Array& indices
                       const OptArray& extra_topk_length, const OptArray& attn_sink, int d_v,
                       float softmax_scale, const OptArray& sched_metadata,
                       const OptArray& sched_num_splits, const OptArray& workspace,
-                      uintptr_t stream) {
+                      uintptr_t stream, bool batch_invariant) {
   const char* op = "sparse_decode";
   SparseDecodeArgs a;
+  a.batch_invariant = batch_invariant;
   a.q = to_view(q, op, "q");
   a.k_cache = to_kv_cache(k_cache, k_cache_format, k_cache_layout, op, "k_cache");
   a.indices = to_view(indices, op, "indices");
@@ -325,7 +326,7 @@ NB_MODULE(_C, m) {
         "extra_indices"_a = nb::none(), "extra_topk_length"_a = nb::none(),
         "attn_sink"_a = nb::none(), "d_v"_a = 512, "softmax_scale"_a = 0.f,
         "sched_metadata"_a = nb::none(), "sched_num_splits"_a = nb::none(),
-        "workspace"_a = nb::none(), "stream"_a = 0);
+        "workspace"_a = nb::none(), "stream"_a = 0, "batch_invariant"_a = false);
   m.def("sparse_prefill", &sparse_prefill_py, "q"_a, "kv"_a, "indices"_a, "out"_a, "max_logits"_a,
         "lse"_a, "topk_length"_a = nb::none(), "attn_sink"_a = nb::none(), "d_v"_a = 512,
         "softmax_scale"_a = 0.f, "workspace"_a = nb::none(), "stream"_a = 0);

@@ -378,6 +378,44 @@ TEST(SparseDecodeSmall, Sanitizer) {
   }
 }
 
+// batch_invariant: request 0 decoded alone (a batch of 1, which would split over many SMs) and
+// inside a batch of 64 (which would not) gives the same bits; and it still matches the CPU.
+TEST(SparseDecode, BatchInvariantMode) {
+  Case c;
+  c.b = 64;
+  c.h_q = 64;
+  c.topk = 1024;
+  c.cache = spec(KVFormat::kFP8_V32);
+  c.cache.num_blocks = 32;
+  c.seed = 7500;
+  Problem p(c);
+  p.gpu.batch_invariant = true;
+  ASSERT_TRUE(sparse_decode(p.gpu).ok());
+  synchronize();
+  HostTensor all = same_layout(p.out), all_lse = same_layout(p.lse);
+  copy_to_host(p.d_out, &all);
+  copy_to_host(p.d_lse, &all_lse);
+  ASSERT_TRUE(sparse_decode(p.cpu).ok());
+  EXPECT_LE(relative_l2_error(all.values(), p.out.values()), 1e-2);
+  // Request 0 alone: the batch's first rows, as a batch of one.
+  SparseDecodeArgs one = p.gpu;
+  for (TensorView* t : {&one.q, &one.indices, &one.out, &one.lse}) t->shape[0] = 1;
+  const std::vector<double> before = all.values();
+  p.d_out.buffer.poison();
+  p.d_lse.buffer.poison();
+  ASSERT_TRUE(sparse_decode(one).ok());
+  synchronize();
+  HostTensor alone = same_layout(p.out), alone_lse = same_layout(p.lse);
+  copy_to_host(p.d_out, &alone);
+  copy_to_host(p.d_lse, &alone_lse);
+  const std::vector<double> a = alone.values(), l1 = alone_lse.values(), l64 = all_lse.values();
+  const size_t row = static_cast<size_t>(c.s_q * c.h_q * 512);
+  for (size_t k = 0; k < row; ++k) ASSERT_EQ(a[k], before[k]) << "element " << k;
+  for (size_t k = 0; k < static_cast<size_t>(c.h_q * c.s_q); ++k) {
+    ASSERT_EQ(l1[k], l64[k]) << "lse " << k;
+  }
+}
+
 // A layer loop captured into a CUDA graph and replayed gives what direct calls give.
 TEST(SparseDecode, CudaGraphLayerLoop) {
   Case c;

@@ -169,11 +169,14 @@ size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_
 
 Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
                                const Workspace& workspace, int device_index, cudaStream_t stream,
-                               const char* op) {
+                               const char* op, bool batch_invariant) {
   p.m_blocks = (p.h_q + 63) / 64;
   if (p.tokens == 0) return Status::Ok();
-  const Plan plan =
+  Plan plan =
       plan_splits(num_sms(device_index), static_cast<int64_t>(p.tokens) * p.m_blocks, max_tiles);
+  if (batch_invariant) {  // one CTA walks a token's whole key list, in the list's order
+    plan = {1, static_cast<int>(max_tiles)};
+  }
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
   if (p.num_splits > 1) {
@@ -268,7 +271,8 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
   const int64_t max_tiles = (shape.topk + kKeysPerTile - 1) / kKeysPerTile +
                             (shape.extra_topk + kKeysPerTile - 1) / kKeysPerTile;
   return launch_sparse_attention(p, static_cast<int>(shape.d_qk), max_tiles, args.workspace,
-                                 shape.device.index, stream, "sparse_decode");
+                                 shape.device.index, stream, "sparse_decode",
+                                 args.batch_invariant);
 }
 
 }  // namespace openmla::cuda::sm90

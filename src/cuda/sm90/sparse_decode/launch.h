@@ -35,7 +35,7 @@ size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, in
 // the partials in `workspace`, launches the kernel and the combine.
 Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
                                const Workspace& workspace, int device_index, cudaStream_t stream,
-                               const char* op);
+                               const char* op, bool batch_invariant = false);
 
 template <int kHeadDimQK>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream);
