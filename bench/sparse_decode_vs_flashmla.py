@@ -315,6 +315,20 @@ def main(argv) -> int:
     for b in (1, 4, 8):  # the small-batch serving rows (tensor parallelism: 16 heads)
         row("fp8_v32", b, 1, 16, 2048)
         row("fp8_model1", b, 1, 16, 2048)
+    print("\nbatch-invariant mode (no split-KV) against the default plan, fp8_v32, h_q 16/128, "
+          "s_q 1, topk 2048")
+    print("| b | h_q | default µs | batch_invariant µs | cost |")
+    print("|---|---|---|---|---|")
+    for b, h in ((1, 16), (8, 16), (64, 128)):
+        gen = torch.Generator(device=DEV).manual_seed(b)
+        cache = make_cache("fp8_v32", b * 32768, 64, gen)
+        idx = make_indices(b, 1, 2048, 32768, cache.shape[0] * 64, gen)
+        q = torch.randn(b, 1, h, 576, dtype=torch.bfloat16, device=DEV, generator=gen) / 4
+        t = time_calls([lambda: openmla.sparse_decode(q, cache, idx),
+                        lambda: openmla.sparse_decode(q, cache, idx, batch_invariant=True)],
+                       args.rounds)
+        print(f"| {b} | {h} | {t[0]:.1f} | {t[1]:.1f} | {t[1] / t[0]:.2f}x |", flush=True)
+        del cache
     if args.only is None:
         prefill_rows(args.rounds, copy_gbs, args.quick)
     return 0
