@@ -1,4 +1,4 @@
-// Compile-time choices of the SM90 dense MLA decode kernel (DESIGN §2.1; NOTES.md beside this).
+// Compile-time choices of the SM90 dense MLA decode kernel (docs/semantics.md; NOTES.md beside this).
 //
 // A CTA serves 64 query rows (row = token * group + head-in-group, group = h_q / h_kv) of one
 // (request, kv head) and walks its schedule range of the request's keys in pairs of 64-key

@@ -1,4 +1,4 @@
-// The one door into the SM90 sparse decode kernel (DESIGN §2.2): plain pointers, strides (in
+// The one door into the SM90 sparse decode kernel (docs/semantics.md): plain pointers, strides (in
 // elements) and sizes, filled by launch.cu from validated SparseDecodeArgs.
 #pragma once
 

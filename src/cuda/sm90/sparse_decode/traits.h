@@ -1,4 +1,4 @@
-// Compile-time choices of the SM90 sparse MLA decode kernel (DESIGN §2.2; NOTES.md beside this).
+// Compile-time choices of the SM90 sparse MLA decode kernel (docs/semantics.md; NOTES.md beside this).
 //
 // A CTA serves up to 64 query heads of one query token (one m-block; h_q 128 is two CTAs) over
 // one split of that token's key list, in tiles of 64 keys. Three warpgroups: WG2 gathers the
