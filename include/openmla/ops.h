@@ -71,6 +71,10 @@ struct DecodeSchedule {
 struct DenseDecodeArgs {
   TensorView q;              // [b, s_q, h_q, d_qk] bf16|fp16, last dim contiguous
   TensorView k_cache;        // [num_blocks, page_size, h_kv, d_qk] q's dtype, last dim contiguous
+  // Instead of k_cache: a paged cache of any format (KVCache, one kv head), e.g. fp8_v32 for V3.2
+  // attending densely while a context is shorter than its top-k, or a V3 cache kept in FP8. The
+  // same descriptor sparse decode takes. (CPU backend today; the CUDA kernel is not built yet.)
+  KVCache kv_cache;
   TensorView block_table;    // [b, max_blocks] int32
   TensorView cache_seqlens;  // [b] int32, 0 allowed, <= max_blocks * page_size
                              // (CPU: checked, with the used block ids; GPU: not checked, no sync:

@@ -237,12 +237,15 @@ def _schedule_args(schedule: Optional[DecodeSchedule]) -> dict:
 def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
                  softmax_scale: Optional[float] = None, causal: bool = False,
                  schedule: Optional[DecodeSchedule] = None, out=None, lse=None, workspace=None,
-                 check_values: Optional[bool] = None, stream: Optional[int] = None):
+                 check_values: Optional[bool] = None, stream: Optional[int] = None,
+                 kv_format: Optional[str] = None, kv_layout: str = "default"):
     """Dense decode (V3/V3.1 MLA, absorbed form): (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]).
 
-    q [b, s_q, h_q, d_qk] bf16|fp16; k_cache [num_blocks, page_size, h_kv, d_qk] (q's dtype);
-    block_table [b, max_blocks] int32; cache_seqlens [b] int32. lse has FlashMLA's strides
-    (a [b, s_q, h_q] buffer seen as [b, h_q, s_q]).
+    q [b, s_q, h_q, d_qk] bf16|fp16; k_cache [num_blocks, page_size, h_kv, d_qk] (q's dtype), or a
+    quantised paged cache [num_blocks, page_size, 1, bytes_per_token] uint8 of any format (format
+    from bytes per token, or `kv_format`; q bf16; the CPU backend runs it today, the GPU raises
+    NotImplementedError); block_table [b, max_blocks] int32; cache_seqlens [b] int32. lse has
+    FlashMLA's strides (a [b, s_q, h_q] buffer seen as [b, h_q, s_q]).
 
     Values: on the CPU, a length outside [0, max_blocks * page_size] or a used block id outside
     [0, num_blocks) raises ValueError. On the GPU nothing is checked by default (no host sync):
@@ -257,7 +260,13 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
     op = "dense_decode"
     _check(op, "q", q, ("bf16", "fp16"), 4)
     frame = fw.framework_of(q, op, "q")
-    _check(op, "k_cache", k_cache, (fw.dtype_name(q),), 4)
+    as_cache = kv_format is not None or (fw.is_array(k_cache) and
+                                         fw.dtype_name(k_cache) in fw.BYTE_DTYPES)
+    if as_cache:
+        _check_cache(op, "k_cache", k_cache)
+        _check_format(op, "kv_format", kv_format, kv_layout)
+    else:
+        _check(op, "k_cache", k_cache, (fw.dtype_name(q),), 4)
     _check(op, "block_table", block_table, ("int32",), 2)
     _check(op, "cache_seqlens", cache_seqlens, ("int32",), 1)
     scale = _scale(op, softmax_scale)
@@ -287,7 +296,9 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
         _C.dense_decode(fw.to_c(q), fw.to_c(k_cache), fw.to_c(block_table),
                         fw.to_c(cache_seqlens), fw.to_c(out), fw.to_c(lse), d_v=d_v,
                         softmax_scale=scale, causal=bool(causal), workspace=fw.to_c(ws_array),
-                        stream=_stream(frame, q, stream), **_schedule_args(schedule))
+                        stream=_stream(frame, q, stream), as_kv_cache=as_cache,
+                        k_cache_format=kv_format, k_cache_layout=kv_layout,
+                        **_schedule_args(schedule))
     return out, lse
 
 

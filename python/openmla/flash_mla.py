@@ -17,8 +17,9 @@ prefill) and FlashMLASchedMeta; lse comes back as FlashMLA's: [b, h_q, s_q] with
     `workspace=` (else the FlashMLASchedMeta keeps one from its first call, so later calls
     allocate nothing but their outputs) and `check_values=` (docs/errors.md);
   * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts.
-Not implemented yet (NotImplementedError): dense decode over an FP8 cache, indexer_topk > 0 in
-flash_mla_sparse_fwd, and the dense MHA prefill functions (flash_attn_varlen_*).
+Dense decode over an FP8 cache (is_fp8_kvcache=True with a block table) runs on the CPU backend;
+on the GPU it raises NotImplementedError (no kernel yet). Not implemented yet (NotImplementedError):
+indexer_topk > 0 in flash_mla_sparse_fwd, and the dense MHA prefill functions (flash_attn_varlen_*).
 """
 
 from __future__ import annotations
@@ -199,10 +200,6 @@ def flash_mla_with_kvcache(
                              "value with dense attention")
     if block_table is None or cache_seqlens is None:
         raise ValueError(f"{op}: block_table and cache_seqlens: required for dense attention")
-    if is_fp8_kvcache or fw.dtype_name(k_cache) in fw.BYTE_DTYPES:
-        raise NotImplementedError(
-            f"{op}: dense decode over an FP8 KV cache is not implemented yet (OpenMLA has dense "
-            "decode over bf16/fp16 caches, and sparse decode over every FP8 format)")
     schedule = None
     if sched is not None:
         if sched.tile_scheduler_metadata is None:
@@ -225,9 +222,13 @@ def flash_mla_with_kvcache(
             schedule = _api.DecodeSchedule(sched.tile_scheduler_metadata, sched.num_splits)
         if workspace is None:
             workspace = _sched_workspace(sched, q, head_dim_v, h_kv=int(k_cache.shape[2]))
+    # An FP8 cache (is_fp8_kvcache, or uint8/float8 bytes) is a KVCache of its format.
+    as_cache = is_fp8_kvcache or fw.dtype_name(k_cache) in fw.BYTE_DTYPES
     return _api.dense_decode(q, k_cache, block_table, cache_seqlens, d_v=head_dim_v,
                              softmax_scale=softmax_scale, causal=causal, schedule=schedule,
-                             out=out, lse=lse, workspace=workspace, check_values=check_values)
+                             out=out, lse=lse, workspace=workspace, check_values=check_values,
+                             kv_format=kv_format if as_cache else None,
+                             kv_layout=kv_layout if as_cache else "default")
 
 
 def _plannable_sparse(q, indices) -> bool:

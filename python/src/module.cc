@@ -62,11 +62,16 @@ void dense_decode_py(const Array& q, const Array& k_cache, const Array& block_ta
                      const Array& cache_seqlens, const Array& out, const Array& lse, int d_v,
                      float softmax_scale, bool causal, const OptArray& sched_metadata,
                      const OptArray& sched_num_splits, const OptArray& workspace,
-                     uintptr_t stream) {
+                     uintptr_t stream, bool as_kv_cache, const OptString& k_cache_format,
+                     const std::string& k_cache_layout) {
   const char* op = "dense_decode";
   DenseDecodeArgs a;
   a.q = to_view(q, op, "q");
-  a.k_cache = to_view(k_cache, op, "k_cache");
+  if (as_kv_cache) {  // a paged cache of any format (DenseDecodeArgs::kv_cache)
+    a.kv_cache = to_kv_cache(k_cache, k_cache_format, k_cache_layout, op, "k_cache");
+  } else {
+    a.k_cache = to_view(k_cache, op, "k_cache");
+  }
   a.block_table = to_view(block_table, op, "block_table");
   a.cache_seqlens = to_view(cache_seqlens, op, "cache_seqlens");
   a.d_v = d_v;
@@ -318,7 +323,8 @@ NB_MODULE(_C, m) {
   m.def("dense_decode", &dense_decode_py, "q"_a, "k_cache"_a, "block_table"_a, "cache_seqlens"_a,
         "out"_a, "lse"_a, "d_v"_a = 512, "softmax_scale"_a = 0.f, "causal"_a = false,
         "sched_metadata"_a = nb::none(), "sched_num_splits"_a = nb::none(),
-        "workspace"_a = nb::none(), "stream"_a = 0);
+        "workspace"_a = nb::none(), "stream"_a = 0, "as_kv_cache"_a = false,
+        "k_cache_format"_a = nb::none(), "k_cache_layout"_a = "default");
   m.def("sparse_decode", &sparse_decode_py, "q"_a, "k_cache"_a, "indices"_a, "out"_a, "lse"_a,
         "k_cache_format"_a = nb::none(), "k_cache_layout"_a = "default",
         "topk_length"_a = nb::none(), "extra_k_cache"_a = nb::none(),

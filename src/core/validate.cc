@@ -165,12 +165,36 @@ Status validate_dense_decode(const DenseDecodeArgs& a, DenseDecodeShape* s) {
   OPENMLA_RETURN_IF_ERROR(check_d_qk(s->d_qk, op, "q"));
   OPENMLA_RETURN_IF_ERROR(check_d_v(a.d_v, op));
 
-  OPENMLA_RETURN_IF_ERROR(check_tensor(a.k_cache, 4, a.q.dtype, dev, op, "k_cache"));
-  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.k_cache, op, "k_cache"));
-  OPENMLA_RETURN_IF_ERROR(check_dim(a.k_cache, 3, s->d_qk, op, "k_cache", "3 (d_qk, as q)"));
-  s->num_blocks = a.k_cache.shape[0];
-  s->page_size = a.k_cache.shape[1];
-  s->h_kv = a.k_cache.shape[2];
+  if (a.kv_cache.defined()) {
+    if (a.k_cache.defined()) {
+      return invalid(op, "k_cache: given together with kv_cache (pass one of them)");
+    }
+    OPENMLA_RETURN_IF_ERROR(check_cache(a.kv_cache, dev, op, "kv_cache"));
+    const KVFormatInfo info = kv_format_info(a.kv_cache.layout.format, a.kv_cache.layout.d_qk);
+    if (info.d_qk != s->d_qk) {
+      return invalid(op, "kv_cache: format ", kv_format_name(info.format), " holds d_qk ",
+                     info.d_qk, " but q has d_qk ", s->d_qk);
+    }
+    if (info.quantized() && a.q.dtype != DType::kBF16) {
+      return invalid(op, "q: expected bf16 with a quantised kv_cache (", kv_format_name(info.format),
+                     "), got ", dtype_name(a.q.dtype));
+    }
+    if (!info.quantized() &&
+        (info.format == KVFormat::kFP16) != (a.q.dtype == DType::kFP16)) {
+      return invalid(op, "kv_cache: format ", kv_format_name(info.format), " does not match q's ",
+                     dtype_name(a.q.dtype));
+    }
+    s->num_blocks = a.kv_cache.num_blocks;
+    s->page_size = a.kv_cache.layout.page_size;
+    s->h_kv = 1;
+  } else {
+    OPENMLA_RETURN_IF_ERROR(check_tensor(a.k_cache, 4, a.q.dtype, dev, op, "k_cache"));
+    OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.k_cache, op, "k_cache"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.k_cache, 3, s->d_qk, op, "k_cache", "3 (d_qk, as q)"));
+    s->num_blocks = a.k_cache.shape[0];
+    s->page_size = a.k_cache.shape[1];
+    s->h_kv = a.k_cache.shape[2];
+  }
   if (s->page_size < 1) return invalid(op, "k_cache: expected page_size (dim 1) >= 1, got ", s->page_size);
   if (s->h_kv < 1 || s->h_q % s->h_kv != 0) {
     return invalid(op, "k_cache: expected h_kv (dim 2) >= 1 dividing h_q = ", s->h_q, ", got ",

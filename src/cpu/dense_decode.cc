@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/codec.h"
 #include "cpu/attention_row.h"
 #include "cpu/cpu_backend.h"
 
@@ -23,7 +24,7 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
   const int chunk = row_chunk(rows, batch * h_kv);
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const int64_t units = batch * h_kv * chunks;
-  const size_t elem = dtype_size_bytes(q.dtype);
+  const size_t elem = dtype_size_bytes(q.dtype);  // q, out and a plain k_cache
   const auto* q_bytes = static_cast<const char*>(q.data);
   const auto* k_bytes = static_cast<const char*>(k.data);
   auto* out_bytes = static_cast<char*>(out.data);
@@ -58,6 +59,11 @@ Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& s
       for (int t = 0; t < n; ++t) {
         const int64_t key = t0 + t;
         const int64_t block = table_row[key / page_size * args.block_table.strides[1]];
+        if (args.kv_cache.defined()) {  // any format, through the codec (one kv head)
+          codec::decode_slot(args.kv_cache, block * page_size + key % page_size,
+                             tile.data() + t * d_qk);
+          continue;
+        }
         const int64_t offset =
             block * k.strides[0] + key % page_size * k.strides[1] + g * k.strides[2];
         half_to_float(k.dtype, k_bytes + offset * elem, 1, d_qk, tile.data() + t * d_qk);

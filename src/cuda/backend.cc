@@ -83,6 +83,15 @@ size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q
 Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
                     Stream stream) {
   constexpr const char* kOp = "dense_decode";
+  if (args.kv_cache.defined()) {  // a KVCache of any format: the CPU backend runs it today
+    int arch = 0;
+    OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
+    return not_implemented(
+        kOp, core::str_cat("kv_cache ", kv_format_name(args.kv_cache.layout.format),
+                           " (dense decode over a KVCache; the GPU kernel reads k_cache views of "
+                           "bf16/fp16 only)"),
+        arch);
+  }
   if (!sm90::attention::supports(kOp, args.q.dtype, static_cast<int>(shape.d_qk))) {
     int arch = 0;
     OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
