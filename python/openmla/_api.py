@@ -387,6 +387,14 @@ def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v
     if _tracing(q):
         results = _custom_ops().sparse_prefill(q, kv, indices, scale, d_v, attn_sink, topk_length)
         return _copy_into(results, (out, max_logits, lse))
+    return _run_prefill(frame, op, q, kv, indices, scale, d_v, attn_sink, topk_length, out,
+                        max_logits, lse, stream)
+
+
+def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length, out,
+                 max_logits, lse, stream, cache_format=None, cache_layout=None):
+    """Outputs allocated or checked, then the extension's sparse_prefill: keys are kv rows, or a
+    paged cache when cache_layout is given."""
     s_q, h_q, _ = _shape(q)
     if out is None:
         out = frame.empty((s_q, h_q, d_v), "bf16", q, op, "out")
@@ -403,11 +411,12 @@ def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v
     device = _device(frame, q, op, "q")
     ws = _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
     with frame.guard(q):
-        _C.sparse_prefill(fw.to_c(q), fw.to_c(kv), fw.to_c(indices), fw.to_c(out),
+        _C.sparse_prefill(fw.to_c(q), fw.to_c(keys), fw.to_c(indices), fw.to_c(out),
                           fw.to_c(max_logits), fw.to_c(lse), topk_length=fw.to_c(topk_length),
                           attn_sink=fw.to_c(attn_sink), d_v=d_v, softmax_scale=scale,
                           workspace=fw.to_c(_workspace(frame, q, ws)),
-                          stream=_stream(frame, q, stream))
+                          stream=_stream(frame, q, stream), as_kv_cache=cache_layout is not None,
+                          k_cache_format=cache_format, k_cache_layout=cache_layout or "default")
     return out, max_logits, lse
 
 
@@ -432,29 +441,8 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
     _check(op, "attn_sink", attn_sink, ("fp32",), 1, optional=True)
     _check(op, "topk_length", topk_length, ("int32",), 1, optional=True)
     scale = _scale(op, softmax_scale)
-    s_q, h_q, _ = _shape(q)
-    if out is None:
-        out = frame.empty((s_q, h_q, d_v), "bf16", q, op, "out")
-    else:
-        _check_out(op, "out", out, ("bf16",), (s_q, h_q, d_v))
-    if max_logits is None:
-        max_logits = frame.empty((s_q, h_q), "fp32", q, op, "max_logits")
-    else:
-        _check_out(op, "max_logits", max_logits, ("fp32",), (s_q, h_q))
-    if lse is None:
-        lse = frame.empty((s_q, h_q), "fp32", q, op, "lse")
-    else:
-        _check_out(op, "lse", lse, ("fp32",), (s_q, h_q))
-    device = _device(frame, q, op, "q")
-    ws = _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
-    with frame.guard(q):
-        _C.sparse_prefill_cache(fw.to_c(q), fw.to_c(k_cache), fw.to_c(indices), fw.to_c(out),
-                                fw.to_c(max_logits), fw.to_c(lse), k_cache_format=kv_format,
-                                k_cache_layout=kv_layout, topk_length=fw.to_c(topk_length),
-                                attn_sink=fw.to_c(attn_sink), d_v=d_v, softmax_scale=scale,
-                                workspace=fw.to_c(_workspace(frame, q, ws)),
-                                stream=_stream(frame, q, stream))
-    return out, max_logits, lse
+    return _run_prefill(frame, op, q, k_cache, indices, scale, d_v, attn_sink, topk_length, out,
+                        max_logits, lse, stream, cache_format=kv_format, cache_layout=kv_layout)
 
 
 # --- merge ----------------------------------------------------------------------------------
