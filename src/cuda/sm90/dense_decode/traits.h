@@ -12,8 +12,8 @@
 #include <cstdint>
 
 #include <cute/tensor.hpp>
-#include <cute/atom/mma_traits_sm90_gmma.hpp>
-#include <cute/arch/mma_sm90.hpp>
+
+#include "cuda/sm90/attention/mla_tiles.h"
 
 namespace openmla::cuda::sm90 {
 
@@ -70,36 +70,16 @@ struct DenseDecodeTraits {
   static constexpr int kMmaRegisters = 232;
   static constexpr int kProducerRegisters = 40;
 
-  // Q (rows, dims) and a K tile (keys, dims), K-major 128 B swizzle: piece p is the 8 KB block
-  // at p * kPieceElems; row r of a piece is bytes [128 r, 128 r + 128) (chunks permuted inside).
-  using SmemLayoutQ = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimQK>>{}));
-  using SmemLayoutK = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimQK>>{}));
-  // V of a tile, one warpgroup's 256 dims (dims, keys), over the same bytes as four of the
-  // tile's pieces: dims contiguous (MN-major B); atoms run along keys first (8 keys x 128 B) and
-  // then along dims (one 8 KB piece per 64 dims): the K tile's layout read transposed.
-  using SmemLayoutV = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kVHalfDims>, cute::Int<kBlockN>>{}, cute::Step<cute::_2, cute::_1>{}));
-  // Only its shape matters: the register fragment of P as the A operand of P V.
-  using SmemLayoutP = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
-
-  // S = Q K^T: 64 x 64 x 16 wgmma, both operands K-major from shared memory.
-  using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_64>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
-  // O_half += P V_half: 64 x 256 x 16 wgmma, P from registers (its accumulator order is the A
-  // fragment's order), V MN-major from shared memory.
-  using TiledMmaPV = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kVHalfDims>, cute::_64>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  // The layouts and wgmma atoms of the two products (attention/mla_tiles.h): S = Q K^T (64 x 64
+  // x 16, both from shared memory), O_half += P V_half (64 x 256 x 16, P from registers, V the
+  // tile's pieces read transposed: this warpgroup's 256 dims are four of the tile's pieces).
+  using Tiles = attention::MlaTiles<Element, kBlockM, kBlockN, kHeadDimQK, kVHalfDims>;
+  using SmemLayoutQ = typename Tiles::SmemLayoutQ;
+  using SmemLayoutK = typename Tiles::SmemLayoutK;
+  using SmemLayoutV = typename Tiles::SmemLayoutV;
+  using SmemLayoutP = typename Tiles::SmemLayoutP;
+  using TiledMmaQK = typename Tiles::TiledMmaQK;
+  using TiledMmaPV = typename Tiles::TiledMmaPV;
 
   struct SharedStorage {
     // 128 B swizzling repeats every 1024 B: every operand starts on a 1024 B boundary.

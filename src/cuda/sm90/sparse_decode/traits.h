@@ -11,8 +11,8 @@
 #include <cstdint>
 
 #include <cute/tensor.hpp>
-#include <cute/atom/mma_traits_sm90_gmma.hpp>
-#include <cute/arch/mma_sm90.hpp>
+
+#include "cuda/sm90/attention/mla_tiles.h"
 
 namespace openmla::cuda::sm90 {
 
@@ -49,27 +49,14 @@ struct SparseDecodeTraits {
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
 
-  using SmemLayoutQ = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimQK>>{}));
-  using SmemLayoutK = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimQK>>{}));
-  using SmemLayoutV = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kVHalfDims>, cute::Int<kBlockN>>{}, cute::Step<cute::_2, cute::_1>{}));
-  using SmemLayoutP = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
-
-  using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_64>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
-  using TiledMmaPV = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kVHalfDims>, cute::_64>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  // The layouts and wgmma atoms of the two products (attention/mla_tiles.h), as dense decode's.
+  using Tiles = attention::MlaTiles<Element, kBlockM, kBlockN, kHeadDimQK, kVHalfDims>;
+  using SmemLayoutQ = typename Tiles::SmemLayoutQ;
+  using SmemLayoutK = typename Tiles::SmemLayoutK;
+  using SmemLayoutV = typename Tiles::SmemLayoutV;
+  using SmemLayoutP = typename Tiles::SmemLayoutP;
+  using TiledMmaQK = typename Tiles::TiledMmaQK;
+  using TiledMmaPV = typename Tiles::TiledMmaPV;
 
   struct SharedStorage {
     alignas(1024) Element q[kBlockM * kHeadDimQK];
