@@ -188,6 +188,18 @@ TEST(Validation, SparseDecodeRejectsEachBadArgument) {
       {"lse device", [](SparseFixture& f) { f.args.lse.device = Device::cuda(1); }, {"lse", "cuda:1"}},
       {"cache device", [](SparseFixture& f) { f.args.k_cache.device = Device::cuda(0); },
        {"k_cache", "device"}},
+      {"max_logits shape",
+       [](SparseFixture& f) {
+         f.args.max_logits = f.args.lse;
+         f.args.max_logits.shape[1] = 8;
+       },
+       {"max_logits", "h_q"}},
+      {"max_logits dtype",
+       [](SparseFixture& f) {
+         f.args.max_logits = f.args.lse;
+         f.args.max_logits.dtype = DType::kBF16;
+       },
+       {"max_logits", "fp32"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -247,6 +259,35 @@ TEST(Validation, SparsePrefillRejectsEachBadArgument) {
          f.args.topk_length = TensorView::contiguous(f.lse.data(), DType::kFP32, {3});
        },
        {"topk_length", "int32"}},
+      // The kv_cache variant: one of kv / kv_cache, a cache of q's d_qk, one kv head of indices.
+      {"kv and kv_cache",
+       [](PrefillFixture& f) {
+         f.args.kv_cache = KVCache{f.kv.data(), default_kv_layout(KVFormat::kFP8_MX, 16), 1,
+                                   Device::cpu()};
+       },
+       {"kv", "kv_cache"}},
+      {"kv_cache d_qk",
+       [](PrefillFixture& f) {
+         f.args.kv = TensorView{};
+         f.args.kv_cache = KVCache{f.kv.data(), default_kv_layout(KVFormat::kFP8_V32, 16), 1,
+                                   Device::cpu()};
+       },
+       {"kv_cache", "fp8_v32", "576", "512"}},
+      {"kv_cache indices h_kv",
+       [](PrefillFixture& f) {
+         f.args.kv = TensorView{};
+         f.args.kv_cache = KVCache{f.kv.data(), default_kv_layout(KVFormat::kFP8_MX, 16), 1,
+                                   Device::cpu()};
+       },
+       {"indices", "h_kv"}},
+      {"kv_cache layout",
+       [](PrefillFixture& f) {
+         f.args.kv = TensorView{};
+         KVLayout layout = default_kv_layout(KVFormat::kFP8_MX, 16);
+         layout.block_stride = 100;
+         f.args.kv_cache = KVCache{f.kv.data(), layout, 1, Device::cpu()};
+       },
+       {"kv_cache.layout"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
