@@ -17,8 +17,10 @@
 
 namespace openmla::cuda::sm90 {
 
+// The smem layouts and wgmma atoms (SmemLayoutQ/K/V/P, TiledMmaQK/PV) are the shared MLA tiles
+// (attention/mla_tiles.h): 64 query rows, 64-key tiles, 256 V dims per compute warpgroup.
 template <typename Element_, int kHeadDimQK_>
-struct DenseDecodeTraits {
+struct DenseDecodeTraits : attention::MlaTiles<Element_, 64, 64, kHeadDimQK_, 256> {
   using Element = Element_;  // cute::bfloat16_t or cute::half_t
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = 512;
@@ -70,16 +72,8 @@ struct DenseDecodeTraits {
   static constexpr int kMmaRegisters = 232;
   static constexpr int kProducerRegisters = 40;
 
-  // The layouts and wgmma atoms of the two products (attention/mla_tiles.h): S = Q K^T (64 x 64
-  // x 16, both from shared memory), O_half += P V_half (64 x 256 x 16, P from registers, V the
-  // tile's pieces read transposed: this warpgroup's 256 dims are four of the tile's pieces).
-  using Tiles = attention::MlaTiles<Element, kBlockM, kBlockN, kHeadDimQK, kVHalfDims>;
-  using SmemLayoutQ = typename Tiles::SmemLayoutQ;
-  using SmemLayoutK = typename Tiles::SmemLayoutK;
-  using SmemLayoutV = typename Tiles::SmemLayoutV;
-  using SmemLayoutP = typename Tiles::SmemLayoutP;
-  using TiledMmaQK = typename Tiles::TiledMmaQK;
-  using TiledMmaPV = typename Tiles::TiledMmaPV;
+  static_assert(kBlockM == 64 && kBlockN == 64 && kVHalfDims == 256,
+                "the shape of the MlaTiles base");
 
   struct SharedStorage {
     // 128 B swizzling repeats every 1024 B: every operand starts on a 1024 B boundary.

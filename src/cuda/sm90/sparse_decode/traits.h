@@ -16,8 +16,10 @@
 
 namespace openmla::cuda::sm90 {
 
+// The smem layouts and wgmma atoms (SmemLayoutQ/K/V/P, TiledMmaQK/PV) are the shared MLA tiles
+// (attention/mla_tiles.h): 64 heads, 64-key tiles, 256 V dims per compute warpgroup.
 template <int kHeadDimQK_>
-struct SparseDecodeTraits {
+struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
   using Element = cute::bfloat16_t;
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = 512;
@@ -49,14 +51,8 @@ struct SparseDecodeTraits {
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
 
-  // The layouts and wgmma atoms of the two products (attention/mla_tiles.h), as dense decode's.
-  using Tiles = attention::MlaTiles<Element, kBlockM, kBlockN, kHeadDimQK, kVHalfDims>;
-  using SmemLayoutQ = typename Tiles::SmemLayoutQ;
-  using SmemLayoutK = typename Tiles::SmemLayoutK;
-  using SmemLayoutV = typename Tiles::SmemLayoutV;
-  using SmemLayoutP = typename Tiles::SmemLayoutP;
-  using TiledMmaQK = typename Tiles::TiledMmaQK;
-  using TiledMmaPV = typename Tiles::TiledMmaPV;
+  static_assert(kBlockM == 64 && kBlockN == 64 && kVHalfDims == 256,
+                "the shape of the MlaTiles base");
 
   struct SharedStorage {
     alignas(1024) Element q[kBlockM * kHeadDimQK];
