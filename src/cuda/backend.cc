@@ -15,6 +15,7 @@
 #include "cuda/sm90/attention/launch.h"
 #include "cuda/sm90/attention/supported.h"
 #include "cuda/sm90/dense_decode/launch.h"
+#include "cuda/sm90/dense_decode_kv_cache/launch.h"
 #include "cuda/sm90/sparse_decode/launch.h"
 #include "cuda/sm90/sparse_prefill/launch.h"
 
@@ -74,23 +75,24 @@ Status plan_decode_schedule(const DecodeScheduleArgs& args, const core::DecodeSc
                  [&] { return plan_decode_schedule_gpu(args, shape, static_cast<cudaStream_t>(stream)); });
 }
 
-// Sized by the dense decode family's launcher (schedule + split partials).
+// Sized by the dense decode family's launcher (schedule + split partials), or by the KVCache
+// path's where that needs more (the caller's workspace serves either: the format is not an
+// argument here).
 size_t dense_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int h_kv,
                                    int d_v) {
-  return sm90::dense_decode_workspace_size(device_index, batch, s_q, h_q, h_kv, d_v);
+  const size_t views = sm90::dense_decode_workspace_size(device_index, batch, s_q, h_q, h_kv, d_v);
+  if (h_kv != 1 || d_v != 512) return views;  // the KVCache path: one kv head, d_v 512
+  const size_t cache = sm90::dense_decode_kv_cache_workspace_size(device_index, batch, s_q, h_q);
+  return views > cache ? views : cache;
 }
 
 Status dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeShape& shape,
                     Stream stream) {
   constexpr const char* kOp = "dense_decode";
-  if (args.kv_cache.defined()) {  // a KVCache of any format: the CPU backend runs it today
-    int arch = 0;
-    OPENMLA_RETURN_IF_ERROR(require_sm90(kOp, shape.device, &arch));
-    return not_implemented(
-        kOp, core::str_cat("kv_cache ", kv_format_name(args.kv_cache.layout.format),
-                           " (dense decode over a KVCache; the GPU kernel reads k_cache views of "
-                           "bf16/fp16 only)"),
-        arch);
+  if (args.kv_cache.defined()) {  // a KVCache of any format: the sparse kernel's dense mode
+    return on_sm90(kOp, shape.device, [&] {
+      return sm90::dense_decode_kv_cache(args, shape, static_cast<cudaStream_t>(stream));
+    });
   }
   if (!sm90::attention::supports(kOp, args.q.dtype, static_cast<int>(shape.d_qk))) {
     int arch = 0;

@@ -44,10 +44,10 @@ enum : uint32_t {
   kBarEpi = 4,      // row sums published (256)
 };
 
-// The token's Q rows [64 m, 64 m + 64) into shared memory (heads past h_q are zeros), by WG0.
+// The problem's Q rows [64 m, 64 m + 64) into shared memory (padding rows are zeros), by WG0.
 template <class Traits>
 __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
-                                       typename Traits::SharedStorage& smem, int i, int j,
+                                       typename Traits::SharedStorage& smem, int problem,
                                        int m_block, int t) {
   constexpr int kChunksPerRow = Traits::kHeadDimQK / 8;
   constexpr int kChunks = Traits::kBlockM * kChunksPerRow;
@@ -63,10 +63,10 @@ __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
     for (int e = 0; e < kBatch; ++e) {
       const int idx = (b + e) * 128 + t;
       const int row = idx / kChunksPerRow, ch = idx % kChunksPerRow;
-      const int h = m_block * Traits::kBlockM + row;
+      const Row r = row_of<Traits::kDense>(p, problem, m_block * Traits::kBlockM + row);
       v[e] = make_uint4(0u, 0u, 0u, 0u);
-      if (h < p.h_q) {
-        const int64_t off = i * p.q_stride_b + j * p.q_stride_s + h * p.q_stride_h + ch * 8;
+      if (r.ok) {
+        const int64_t off = r.i * p.q_stride_b + r.j * p.q_stride_s + r.h * p.q_stride_h + ch * 8;
         v[e] = __ldg(reinterpret_cast<const uint4*>(q + off * 2));
       }
     }
@@ -93,14 +93,14 @@ __device__ __forceinline__ void* p_buffer(typename Traits::SharedStorage& smem, 
 template <class Traits>
 __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int wg, int m_block,
-                                        int split, int token) {
+                                        int split, int problem) {
   using namespace cute;
   using Element = typename Traits::Element;
   const int t = threadIdx.x - wg * 128;
   const int lane = t % 32;
-  const int i = token / p.s_q, j = token - i * p.s_q;
-  const TokenKeys keys = token_keys(p, i);
-  const int2 range = split_tiles(p, keys, split);
+  constexpr bool kDense = Traits::kDense;
+  const Problem keys = problem_of<kDense>(p, problem);
+  const int2 range = split_tiles<kDense>(p, keys, split);
   const int n_tiles = range.y - range.x;
 
   typename Traits::TiledMmaQK mma_qk;
@@ -129,9 +129,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   Tensor tOcO = thr_pv.partition_C(cO);
   Tensor cO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
 
-  int row_of[2];
+  int mrow[2];  // the thread's two rows of the m-block
 #pragma unroll
-  for (int r = 0; r < 2; ++r) row_of[r] = get<0>(cS_rc(r, 0));
+  for (int r = 0; r < 2; ++r) mrow[r] = get<0>(cS_rc(r, 0));
+  // Causal dense decode: the keys the m-block's first row may see (rows of later query tokens
+  // see more: each row's limit waits in shared memory for the tiles that cut one). One register
+  // in the loop: WG0 has no more.
+  const int first_limit = row_limit<kDense>(p, keys, row_of<kDense>(p, problem, m_block * 64));
   const float sl2 = p.scale_log2;
   clear(tOrO);
   float m_run[2] = {-INFINITY, -INFINITY};
@@ -139,7 +143,14 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   float m_true[2] = {-INFINITY, -INFINITY};  // the exact row max (m_run is lazy), for max_logits
 
   if (wg == 0) {
-    load_q<Traits>(p, smem, i, j, m_block, t);
+    load_q<Traits>(p, smem, problem, m_block, t);
+    if constexpr (kDense) {  // the rows' query tokens, heads and limits, divided out once
+      if (t < 64) {
+        const Row r = row_of<kDense>(p, problem, m_block * 64 + t);
+        smem.row_limit[t] = row_limit<kDense>(p, keys, r);
+        smem.row_code[t] = r.ok ? static_cast<uint32_t>(r.j) << 16 | r.h : ~0u;
+      }
+    }
     fence_async_smem();
     bar_sync(kBarQ, 128);
     const float max_thr = 8.f / sl2;
@@ -164,14 +175,19 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       warpgroup_fence_operand(tOrO);
-      // Keys the producer found invalid (or past the token's count) never count.
+      // Keys the producer found invalid (or past the list's count) never count, nor keys past
+      // a row's causal limit (dense mode, s_q > 1).
       const uint64_t valid = *reinterpret_cast<const volatile uint64_t*>(smem.valid[stage]);
-      if (valid != ~0ull) {
+      const int pos0 = 64 * (range.x + kk);
+      const bool cut_rows = kDense && first_limit - pos0 < 64;
+      if (valid != ~0ull || cut_rows) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
+          const int cut = cut_rows ? smem.row_limit[mrow[r]] - pos0 : INT_MAX;
 #pragma unroll
           for (int c = 0; c < size<1>(S); ++c) {
-            if (!((valid >> get<1>(cS_rc(r, c))) & 1ull)) S(r, c) = -INFINITY;
+            const int key = get<1>(cS_rc(r, c));
+            if (!((valid >> key) & 1ull) || key >= cut) S(r, c) = -INFINITY;
           }
         }
       }
@@ -198,7 +214,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       l_run[r] = quad_sum(l_run[r]);
-      if (lane % 4 == 0) smem.row_sum[row_of[r]] = l_run[r];
+      if (lane % 4 == 0) smem.row_sum[mrow[r]] = l_run[r];
     }
   } else {
     for (int kk = 0; kk < n_tiles; ++kk) {
@@ -217,11 +233,25 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   bar_sync(kBarEpi, 256);
 
   // ---- epilogue: normalise; out + lse (one split) or the split's partial ----
+  Row rows[2];  // the query token and head of each of the thread's rows
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if constexpr (kDense) {  // from WG0's table (no division by h_q with O live)
+      const uint32_t code = smem.row_code[mrow[r]];
+      rows[r].ok = code != ~0u;
+      rows[r].i = problem;
+      rows[r].j = static_cast<int>(code >> 16);
+      rows[r].h = static_cast<int>(code & 0xFFFFu);
+      rows[r].token = problem * p.s_q + rows[r].j;
+    } else {
+      rows[r] = row_of<kDense>(p, problem, m_block * 64 + mrow[r]);
+    }
+  }
   const bool single = p.num_splits == 1;
   float lse[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float l = smem.row_sum[row_of[r]];
+    const float l = smem.row_sum[mrow[r]];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     // m_run is WG0's; WG1 needs only the lse for the sink, so it reads it back below.
     lse[r] = l > 0.f ? m_run[r] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
@@ -231,17 +261,17 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   if (wg == 0 && lane % 4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int h = m_block * 64 + row_of[r];
-      if (h >= p.h_q) continue;
+      const Row& w = rows[r];
+      if (!w.ok) continue;
       const float max_logit = m_true[r] == -INFINITY ? -INFINITY : m_true[r] * p.scale;
       if (single) {
-        p.lse[i * p.lse_stride_b + h * p.lse_stride_h + j * p.lse_stride_s] = lse[r];
+        p.lse[w.i * p.lse_stride_b + w.h * p.lse_stride_h + w.j * p.lse_stride_s] = lse[r];
         if (p.max_logits != nullptr) {
-          p.max_logits[i * p.max_logits_stride_b + h * p.max_logits_stride_h +
-                       j * p.max_logits_stride_s] = max_logit;
+          p.max_logits[w.i * p.max_logits_stride_b + w.h * p.max_logits_stride_h +
+                       w.j * p.max_logits_stride_s] = max_logit;
         }
       } else {
-        const int64_t at = (static_cast<int64_t>(split) * p.tokens + token) * p.h_q + h;
+        const int64_t at = (static_cast<int64_t>(split) * p.tokens + w.token) * p.h_q + w.h;
         p.lse_partial[at] = lse[r];
         if (p.max_logits != nullptr) p.max_partial[at] = max_logit;
       }
@@ -253,17 +283,16 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     if (wg == 0) {
       if (lane % 4 == 0) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) reinterpret_cast<float*>(smem.rescale)[row_of[r]] = lse[r];
+        for (int r = 0; r < 2; ++r) reinterpret_cast<float*>(smem.rescale)[mrow[r]] = lse[r];
       }
     }
     bar_sync(kBarEpi, 256);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int h = m_block * 64 + row_of[r];
-      const float l = reinterpret_cast<const float*>(smem.rescale)[row_of[r]];
+      const float l = reinterpret_cast<const float*>(smem.rescale)[mrow[r]];
       float f = 0.f;
-      if (h < p.h_q && l != INFINITY) {
-        f = 1.f / (1.f + expf(p.sink[h * p.sink_stride] - l));
+      if (rows[r].ok && l != INFINITY) {
+        f = 1.f / (1.f + expf(p.sink[rows[r].h * p.sink_stride] - l));
       }
 #pragma unroll
       for (int c = 0; c < size<1>(O); ++c) O(r, c) *= f;
@@ -271,11 +300,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int h = m_block * 64 + row_of[r];
-    if (h >= p.h_q) continue;
+    const Row& w = rows[r];
+    if (!w.ok) continue;
     if (single) {
       char* out = static_cast<char*>(p.out) +
-                  (i * p.out_stride_b + j * p.out_stride_s + h * p.out_stride_h +
+                  (w.i * p.out_stride_b + w.j * p.out_stride_s + w.h * p.out_stride_h +
                    wg * Traits::kVHalfDims) * 2;
 #pragma unroll
       for (int c = 0; c < size<1>(O); c += 2) {
@@ -284,7 +313,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       }
     } else {
       float* out = p.o_partial +
-                   ((static_cast<int64_t>(split) * p.tokens + token) * p.h_q + h) * 512 +
+                   ((static_cast<int64_t>(split) * p.tokens + w.token) * p.h_q + w.h) * 512 +
                    wg * Traits::kVHalfDims;
 #pragma unroll
       for (int c = 0; c < size<1>(O); c += 2) {
@@ -306,7 +335,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   Storage& smem =
       *reinterpret_cast<Storage*>(smem_raw + (((smem_base + 1023u) & ~1023u) - smem_base));
-  const int m_block = blockIdx.x, split = blockIdx.y, token = params.token0 + blockIdx.z;
+  const int m_block = blockIdx.x, split = blockIdx.y, problem = params.problem0 + blockIdx.z;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
@@ -321,26 +350,26 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    produce<Traits>(params, smem, token, split);
+    produce<Traits>(params, smem, problem, split);
   } else if (wg == 1) {
     cutlass::arch::warpgroup_reg_alloc<Traits::kWg1Registers>();
-    consume<Traits>(params, smem, 1, m_block, split, token);
+    consume<Traits>(params, smem, 1, m_block, split, problem);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kWg0Registers>();
-    consume<Traits>(params, smem, 0, m_block, split, token);
+    consume<Traits>(params, smem, 0, m_block, split, problem);
   }
 }
 
-template <int kHeadDimQK>
+template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
-  using Traits = SparseDecodeTraits<kHeadDimQK>;
+  using Traits = SparseDecodeTraits<kHeadDimQK, kDense>;
   auto kernel = sparse_decode_kernel<Traits>;
   if (const cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(params.m_blocks, params.num_splits,
-                       min(params.tokens - params.token0, 65535));
+                       min(params.problems - params.problem0, 65535));
   config.blockDim = dim3(Traits::kNumThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;

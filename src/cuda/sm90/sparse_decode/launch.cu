@@ -170,10 +170,12 @@ size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_
 Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
                                const Workspace& workspace, int device_index, cudaStream_t stream,
                                const char* op, bool batch_invariant) {
-  p.m_blocks = (p.h_q + 63) / 64;
+  if (p.s_pack == 0) p.s_pack = 1;  // sparse mode: one query token a problem
+  p.problems = p.tokens / p.s_pack;
+  p.m_blocks = (p.s_pack * p.h_q + 63) / 64;
   if (p.tokens == 0) return Status::Ok();
   Plan plan =
-      plan_splits(num_sms(device_index), static_cast<int64_t>(p.tokens) * p.m_blocks, max_tiles);
+      plan_splits(num_sms(device_index), static_cast<int64_t>(p.problems) * p.m_blocks, max_tiles);
   if (batch_invariant) {  // one CTA walks a token's whole key list, in the list's order
     plan = {1, static_cast<int>(max_tiles)};
   }
@@ -193,13 +195,24 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
     p.lse_partial = reinterpret_cast<float*>(ws + o_bytes);
     p.max_partial = reinterpret_cast<float*>(ws + o_bytes + l_bytes);
   }
-  for (p.token0 = 0; p.token0 < p.tokens; p.token0 += 65535) {
-    cudaError_t err = d_qk == 576 ? launch_sparse_decode_kernel<576>(p, stream)
-                                  : launch_sparse_decode_kernel<512>(p, stream);
-    if (err == cudaSuccess && p.num_splits > 1) err = launch_sparse_decode_combine(p, stream);
-    if (err != cudaSuccess) {
-      return Status::CudaError(core::str_cat(op, ": launch failed: ", cudaGetErrorName(err), " (",
-                                             cudaGetErrorString(err), ")"));
+  auto failed = [&](cudaError_t err) {
+    return Status::CudaError(core::str_cat(op, ": launch failed: ", cudaGetErrorName(err), " (",
+                                           cudaGetErrorString(err), ")"));
+  };
+  for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
+    const bool dense = p.block_table != nullptr;
+    const cudaError_t err =
+        d_qk == 576 ? (dense ? launch_sparse_decode_kernel<576, true>(p, stream)
+                             : launch_sparse_decode_kernel<576, false>(p, stream))
+                    : (dense ? launch_sparse_decode_kernel<512, true>(p, stream)
+                             : launch_sparse_decode_kernel<512, false>(p, stream));
+    if (err != cudaSuccess) return failed(err);
+  }
+  if (p.num_splits > 1) {
+    for (p.token0 = 0; p.token0 < p.tokens; p.token0 += 65535) {
+      if (const cudaError_t err = launch_sparse_decode_combine(p, stream); err != cudaSuccess) {
+        return failed(err);
+      }
     }
   }
   return Status::Ok();

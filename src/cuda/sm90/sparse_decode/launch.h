@@ -37,7 +37,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
                                const Workspace& workspace, int device_index, cudaStream_t stream,
                                const char* op, bool batch_invariant = false);
 
-template <int kHeadDimQK>
+template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream);
 cudaError_t launch_sparse_decode_combine(const SparseDecodeParams& params, cudaStream_t stream);
 

@@ -49,12 +49,29 @@ struct SparseDecodeParams {
   float* lse_partial;
   float* max_partial;  // [num_splits, tokens, h_q] (with max_logits)
 
+  // Dense mode (dense decode over a quantised cache; block_table non-null): request i's keys are
+  // its first L_i cache positions through its block table instead of an index list (cache[0]
+  // only), and its s_q query tokens share one problem, packed into the MMA rows (row f of the
+  // problem = j * h_q + h), so a tile is gathered and dequantised once for all of them. Causal:
+  // token j sees positions < L_i - s_q + 1 + j. A block id outside [0, num_blocks) names no key.
+  const int32_t* block_table;  // [b, max_blocks]; null: sparse mode
+  int64_t block_table_stride_b;
+  const int32_t* seqlens;      // [b] (clamped to [0, max_blocks * page_size])
+  int64_t seqlens_stride;
+  int max_blocks;
+  int num_blocks;
+  bool causal;
+
   int batch, s_q, h_q;
-  int tokens;           // batch * s_q: one query token is one problem (its own indices)
-  int token0;           // the first token of this launch (grids of at most 65535 tokens)
-  int m_blocks;         // ceil(h_q / 64)
+  int tokens;           // batch * s_q query tokens (the combine's rows)
+  int s_pack;           // query tokens per problem: 1 (sparse: own indices) or s_q (dense)
+  int problems;         // tokens / s_pack: the decode grid's z
+  int problem0;         // the first problem of a decode launch (grids of at most 65535)
+  int token0;           // the first token of a combine launch (likewise)
+  int m_blocks;         // ceil(s_pack * h_q / 64)
   int num_splits;       // the grid's y
-  int tiles_per_split;  // 64-key tiles of a token each split walks
+  int tiles_per_split;  // 64-key tiles of a problem each split walks (sparse mode; dense mode
+                        // divides each request's own tiles evenly over the splits in the kernel)
   float scale;          // softmax scale
   float scale_log2;     // scale * log2(e)
 };

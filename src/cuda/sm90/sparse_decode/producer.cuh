@@ -21,9 +21,12 @@ namespace sparse_decode_detail {
 using attention::fence_async_smem;
 using kvcodec::Codec;
 
-// The keys of query token (i, j): the first n[0] entries of its main index list, then the first
-// n[1] of its extra list, each cut into 64-key tiles (a tile never mixes the two caches).
-struct TokenKeys {
+// Problem `q` of the grid (its z): a request's query tokens token0 .. token0 + s_pack - 1 and
+// their common key list. Sparse mode: one token; the first n[0] entries of its main index list,
+// then the first n[1] of its extra list. Dense mode: the request's s_q tokens; its first n[0]
+// cache positions. Each list is cut into 64-key tiles (a tile never mixes the two caches).
+struct Problem {
+  int i, j0;
   int n[2];
   int tiles0, tiles;
 };
@@ -33,10 +36,22 @@ __device__ __forceinline__ int counted(const SparseDecodeParams& p, int c, int i
   const int n = p.lengths[c][i * p.lengths_stride[c]];
   return n < 0 ? 0 : (n > p.topk[c] ? p.topk[c] : n);
 }
-__device__ __forceinline__ TokenKeys token_keys(const SparseDecodeParams& p, int i) {
-  TokenKeys t;
-  t.n[0] = counted(p, 0, i);
-  t.n[1] = counted(p, 1, i);
+template <bool kDense>
+__device__ __forceinline__ Problem problem_of(const SparseDecodeParams& p, int q) {
+  Problem t;
+  if constexpr (kDense) {  // no host check of the lengths: clamped to the block table
+    t.i = q;
+    t.j0 = 0;
+    const int64_t n = p.seqlens[t.i * p.seqlens_stride];
+    const int64_t capacity = static_cast<int64_t>(p.max_blocks) * p.cache[0].page_size;
+    t.n[0] = static_cast<int>(n < 0 ? 0 : (n > capacity ? capacity : n));
+    t.n[1] = 0;
+  } else {
+    t.i = q / p.s_q;
+    t.j0 = q - t.i * p.s_q;
+    t.n[0] = counted(p, 0, t.i);
+    t.n[1] = counted(p, 1, t.i);
+  }
   t.tiles0 = (t.n[0] + 63) / 64;
   t.tiles = t.tiles0 + (t.n[1] + 63) / 64;
   return t;
@@ -44,25 +59,71 @@ __device__ __forceinline__ TokenKeys token_keys(const SparseDecodeParams& p, int
 struct Tile {
   int cache, pos0, count;
 };
-__device__ __forceinline__ Tile tile_at(const TokenKeys& t, int k) {
+__device__ __forceinline__ Tile tile_at(const Problem& t, int k) {
   const int c = k < t.tiles0 ? 0 : 1;
   const int pos0 = 64 * (c == 0 ? k : k - t.tiles0);
   return {c, pos0, min(64, t.n[c] - pos0)};
 }
-// The tiles [begin, end) split `split` walks.
-__device__ __forceinline__ int2 split_tiles(const SparseDecodeParams& p, const TokenKeys& t,
+// The tiles [begin, end) split `split` walks: a fixed count per split (sparse mode, from the
+// host), or the request's own tiles spread evenly over the splits (dense mode: lengths vary per
+// request and are known on the device only).
+template <bool kDense>
+__device__ __forceinline__ int2 split_tiles(const SparseDecodeParams& p, const Problem& t,
                                             int split) {
-  const int begin = split * p.tiles_per_split;
-  return make_int2(begin, max(begin, min(begin + p.tiles_per_split, t.tiles)));
+  const int per_split = kDense ? (t.tiles + p.num_splits - 1) / p.num_splits : p.tiles_per_split;
+  const int begin = split * per_split;
+  return make_int2(begin, max(begin, min(begin + per_split, t.tiles)));
 }
 
-// The cache slot entry `pos` of token (i, j)'s list `c` names; -1 (never read) past its count.
-__device__ __forceinline__ int slot_of(const SparseDecodeParams& p, const Tile& tile, int i, int j,
-                                       int key) {
+// Row f (0 .. 64 m_blocks - 1) of problem q: its query token (i, j) and head h (from q and f
+// alone, so the compute warpgroups keep nothing else live for it).
+struct Row {
+  int token, i, j, h;
+  bool ok;  // a real row (f < s_pack * h_q); padding rows are computed and never stored
+};
+template <bool kDense>
+__device__ __forceinline__ Row row_of(const SparseDecodeParams& p, int q, int f) {
+  Row r;
+  if constexpr (!kDense) {  // one query token a problem: the row is the head
+    r.ok = f < p.h_q;
+    r.h = f;
+    r.token = q;
+    r.i = q / p.s_q;
+    r.j = q - r.i * p.s_q;
+    return r;
+  }
+  const int jj = f / p.h_q;
+  r.ok = jj < p.s_pack;
+  r.h = f - jj * p.h_q;
+  r.token = q * p.s_pack + jj;
+  r.i = r.token / p.s_q;
+  r.j = r.token - r.i * p.s_q;
+  return r;
+}
+// The keys of the list row (i, j) may see: causal dense decode's limit, INT_MAX otherwise.
+template <bool kDense>
+__device__ __forceinline__ int row_limit(const SparseDecodeParams& p, const Problem& t,
+                                         const Row& r) {
+  return kDense && p.causal ? t.n[0] - p.s_q + 1 + r.j : INT_MAX;
+}
+
+// The cache slot entry `pos` of the problem's list names; -1 (never read) past its count, or
+// (dense mode) where the block table names a block outside the cache.
+template <bool kDense>
+__device__ __forceinline__ int slot_of(const SparseDecodeParams& p, const Tile& tile,
+                                       const Problem& t, int key) {
   if (key >= tile.count) return -1;
   const int c = tile.cache;
-  return p.indices[c][i * p.indices_stride_b[c] + j * p.indices_stride_s[c] +
-                      static_cast<int64_t>(tile.pos0 + key) * p.indices_stride_k[c]];
+  const int pos = tile.pos0 + key;
+  if constexpr (kDense) {
+    const SparseCacheParams& cache = p.cache[0];
+    const int page = cache.page_shift >= 0 ? pos >> cache.page_shift : pos / cache.page_size;
+    const int block = p.block_table[t.i * p.block_table_stride_b + page];
+    if (block < 0 || block >= p.num_blocks) return -1;
+    return block * cache.page_size + (pos - page * cache.page_size);
+  }
+  return p.indices[c][t.i * p.indices_stride_b[c] + t.j0 * p.indices_stride_s[c] +
+                      static_cast<int64_t>(pos) * p.indices_stride_k[c]];
 }
 
 // A valid slot's block and offset in it.
@@ -272,21 +333,20 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
 // The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
 template <class Traits>
 __device__ __forceinline__ void produce(const SparseDecodeParams& p,
-                                        typename Traits::SharedStorage& smem, int token,
+                                        typename Traits::SharedStorage& smem, int problem,
                                         int split) {
   constexpr int D = Traits::kHeadDimQK;
   constexpr int kBatch = Traits::kLoadBatch;
   const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
-  const int i = token / p.s_q, j = token - i * p.s_q;
-  const TokenKeys keys = token_keys(p, i);
-  const int2 range = split_tiles(p, keys, split);
+  const Problem keys = problem_of<Traits::kDense>(p, problem);
+  const int2 range = split_tiles<Traits::kDense>(p, keys, split);
   const int my_key = 16 * warp + (lane & 15);
 
   // The slot of this lane's key (lanes 0-15) of tile k (-1 past the split), and the L2 prefetch
   // of that key's bytes.
   auto slot_at = [&](int k) {
     if (lane >= 16 || k >= range.y) return -1;
-    return slot_of(p, tile_at(keys, k), i, j, my_key);
+    return slot_of<Traits::kDense>(p, tile_at(keys, k), keys, my_key);
   };
   auto prefetch = [&](int k, int slot) {
     if (lane >= 16 || k >= range.y) return;

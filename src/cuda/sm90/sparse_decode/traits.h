@@ -18,10 +18,13 @@ namespace openmla::cuda::sm90 {
 
 // The smem layouts and wgmma atoms (SmemLayoutQ/K/V/P, TiledMmaQK/PV) are the shared MLA tiles
 // (attention/mla_tiles.h): 64 heads, 64-key tiles, 256 V dims per compute warpgroup.
-template <int kHeadDimQK_>
+// kDense_: the dense mode (params.h), keys through a block table, a request's s_q query tokens
+// packed into the rows: its own instantiation, so sparse decode's registers are untouched.
+template <int kHeadDimQK_, bool kDense_ = false>
 struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
   using Element = cute::bfloat16_t;
   static constexpr int kHeadDimQK = kHeadDimQK_;
+  static constexpr bool kDense = kDense_;
   static constexpr int kHeadDimV = 512;
   static_assert(kHeadDimQK == 576 || kHeadDimQK == 512);
 
@@ -43,10 +46,11 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static constexpr int kNumThreads = 384;
   static constexpr int kVHalfDims = kHeadDimV / 2;
   // setmaxnreg: WG0 (S, P and half of O) 232, WG1 (half of O and P) 176, the producer 96:
-  // 504 per thread slot = the 384 x 168 the CTA launches with.
-  static constexpr int kWg0Registers = 232;
+  // 504 per thread slot = the 384 x 168 the CTA launches with. The dense mode's WG0 keeps its
+  // problem's row bookkeeping too and spills at 232: 240, with the producer at 88 (no spill).
+  static constexpr int kWg0Registers = kDense ? 240 : 232;
   static constexpr int kWg1Registers = 176;
-  static constexpr int kProducerRegisters = 96;
+  static constexpr int kProducerRegisters = kDense ? 88 : 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
@@ -60,6 +64,9 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile ? 8 : kBlockM * kBlockN];
     float2 rescale[kStages][128];  // WG0 -> WG1: O's row factors of the tile, thread-major
     float row_sum[kBlockM];        // WG0 -> WG1 in the epilogue
+    // Dense mode: each row's causal limit (inside WG0) and (j << 16 | h), ~0 for padding rows.
+    int row_limit[kDense ? kBlockM : 1];
+    uint32_t row_code[kDense ? kBlockM : 1];
     alignas(8) uint16_t valid[kStages][4];  // per stage: bit k of warp w's word = key 16 w + k is valid
     alignas(8) uint64_t full[kStages];   // the producer filled the stage (4 warp arrivals)
     uint64_t empty[kStages];             // both compute warpgroups are done with it (8 warps)

@@ -2,5 +2,5 @@
 #include "cuda/sm90/sparse_decode/kernel.cuh"
 
 namespace openmla::cuda::sm90 {
-template cudaError_t launch_sparse_decode_kernel<576>(const SparseDecodeParams&, cudaStream_t);
+template cudaError_t launch_sparse_decode_kernel<576, false>(const SparseDecodeParams&, cudaStream_t);
 }  // namespace openmla::cuda::sm90
