@@ -185,7 +185,7 @@ Status plan_schedule(const Case& c, const DeviceSchedule& s, const TensorView& s
 }
 
 // One case: host tensors (the CPU reference runs on them, its outputs in out/lse) and their
-// device mirrors, with the GPU's arguments ready except for a schedule planned on a stream.
+// device mirrors, with the GPU's arguments ready (a schedule's buffers too; plan() fills them).
 struct Problem {
   Case c;
   Rng rng;
@@ -246,12 +246,11 @@ struct Problem {
   }
 };
 
-// The GPU's out and lse (in `d_out` / `d_lse`, laid out as the problem's) against the reference.
-void expect_matches_reference(const Problem& p, const DeviceTensor& d_out,
-                              const DeviceTensor& d_lse, const std::string& what = "") {
+// The GPU's out and lse against the reference's.
+void expect_matches_reference(const Problem& p, const std::string& what = "") {
   HostTensor got_out = same_layout(p.out), got_lse = same_layout(p.lse);
-  copy_to_host(d_out, &got_out);
-  copy_to_host(d_lse, &got_lse);
+  copy_to_host(p.d_out, &got_out);
+  copy_to_host(p.d_lse, &got_lse);
   const std::vector<double> out = got_out.values(), ref_out = p.out.values();
   const double out_err = relative_l2_error(out, ref_out);
   const double lse_err = max_lse_error(got_lse.values(), p.lse.values());
@@ -277,7 +276,7 @@ void run_case(const Case& c) {
   ASSERT_TRUE(st.ok()) << st.message();
   check_cuda(cudaGetLastError(), "dense_decode launch");
   synchronize();
-  expect_matches_reference(p, p.d_out, p.d_lse);
+  expect_matches_reference(p);
 }
 
 // Stops at the first case that cannot run (while the kernel is missing: the first one).
@@ -432,7 +431,7 @@ TEST(DenseDecodeKVCache, LargeBatches) {
 // --- schedules ----------------------------------------------------------------------------------
 // The call's own plan, the device's (plan_decode_schedule), and few workers: every worker walks
 // several requests, requests split across workers.
-TEST(DenseDecodeKVCache, PrecomputedSchedules) {
+TEST(DenseDecodeKVCache, OwnDeviceAndFewWorkerSchedules) {
   std::vector<Case> cases;
   uint64_t seed = 7000;
   for (const Format& f : {kQuantised[1], kQuantised[3]}) {
@@ -491,7 +490,7 @@ TEST(DenseDecodeKVCacheGraph, ScheduleAndLayersReplayed) {
       check_cuda(cudaStreamSynchronize(stream), "sync");
       for (const Problem& p : layers) {
         SCOPED_TRACE(p.c.name());
-        expect_matches_reference(p, p.d_out, p.d_lse, " replay " + std::to_string(replay));
+        expect_matches_reference(p, " replay " + std::to_string(replay));
       }
     }
     check_cuda(cudaGraphExecDestroy(exec), "exec destroy");
