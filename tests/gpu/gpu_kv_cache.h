@@ -1,11 +1,12 @@
 // A paged KV cache for the GPU tests, written on the GPU by kv_cache_write from random tokens
-// (a random 70% of its slots; the others keep the 0xFF fill, NaN in every format), with a copy
-// of its bytes on the host for the CPU backend's reference.
+// (a random 70% of its slots, or the slots a test names; the others keep the 0xFF fill, NaN in
+// every format), with a copy of its bytes on the host for the CPU backend's reference.
 #pragma once
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/test_data.h"
@@ -23,27 +24,36 @@ struct CacheSpec {
   int64_t pad_bytes = 0;
 };
 
-// A cache on the GPU written by kv_cache_write (a random 70% of its slots), and its bytes on the
-// host for the CPU reference.
+// A random 70% of a cache's slots (at least one), ascending.
+inline std::vector<int64_t> random_live_slots(const CacheSpec& s, Rng& rng) {
+  std::vector<int64_t> live;
+  for (int64_t slot = 0; slot < s.num_blocks * s.page; ++slot) {
+    if (rng.coin(0.7)) live.push_back(slot);
+  }
+  if (live.empty()) live.push_back(0);
+  return live;
+}
+
+// A cache on the GPU written by kv_cache_write (a random 70% of its slots, or exactly
+// `live_slots`, ascending), and its bytes on the host for the CPU reference.
 struct TestCache {
   DeviceBuffer device;
   KVCache gpu;
   HostKVCache host;
   std::vector<int64_t> live;
 
-  TestCache(const CacheSpec& s, Rng& rng)
-      : host(test_layout(s.format, s.page, s.d_qk, s.interleaved, s.pad_bytes), s.num_blocks) {
+  TestCache(const CacheSpec& s, Rng& rng) : TestCache(s, rng, random_live_slots(s, rng)) {}
+  TestCache(const CacheSpec& s, Rng& rng, std::vector<int64_t> live_slots)
+      : host(test_layout(s.format, s.page, s.d_qk, s.interleaved, s.pad_bytes), s.num_blocks),
+        live(std::move(live_slots)) {
     const KVLayout& layout = host.cache.layout;
     device = DeviceBuffer(host.buffer.bytes());
     device.fill_bytes(0xFF);
     gpu = host.cache;
     gpu.data = device.data();
     gpu.device = Device::cuda(0);
+    if (live.empty()) return;  // every slot NaN
     const int d = kv_format_info(layout.format, layout.d_qk).d_qk;
-    for (int64_t slot = 0; slot < host.cache.num_tokens(); ++slot) {
-      if (rng.coin(0.7)) live.push_back(slot);
-    }
-    if (live.empty()) live.push_back(0);
     std::vector<float> rows;
     std::vector<int32_t> slots;
     for (int64_t slot : live) {
