@@ -73,7 +73,10 @@ struct DenseDecodeArgs {
   TensorView k_cache;        // [num_blocks, page_size, h_kv, d_qk] q's dtype, last dim contiguous
   // Instead of k_cache: a paged cache of any format (KVCache, one kv head), e.g. fp8_v32 for V3.2
   // attending densely while a context is shorter than its top-k, or a V3 cache kept in FP8. The
-  // same descriptor sparse decode takes. (CPU backend today; the CUDA kernel is not built yet.)
+  // same descriptor sparse decode takes. CUDA: bf16 q, d_v 512; bf16, fp8_v32, fp8_model1, fp8_mx
+  // and fp4 caches; `schedule` is not used (the split count comes from the block table's
+  // capacity, each request's own keys spread over the splits on the device), and a used block id
+  // outside the cache names no key (those positions are skipped, never read).
   KVCache kv_cache;
   TensorView block_table;    // [b, max_blocks] int32
   TensorView cache_seqlens;  // [b] int32, 0 allowed, <= max_blocks * page_size

@@ -243,14 +243,15 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
 
     q [b, s_q, h_q, d_qk] bf16|fp16; k_cache [num_blocks, page_size, h_kv, d_qk] (q's dtype), or a
     quantised paged cache [num_blocks, page_size, 1, bytes_per_token] uint8 of any format (format
-    from bytes per token, or `kv_format`; q bf16; the CPU backend runs it today, the GPU raises
-    NotImplementedError); block_table [b, max_blocks] int32; cache_seqlens [b] int32. lse has
+    from bytes per token, or `kv_format`; q bf16; d_v 512 on the GPU, where `schedule` is not
+    used); block_table [b, max_blocks] int32; cache_seqlens [b] int32. lse has
     FlashMLA's strides (a [b, s_q, h_q] buffer seen as [b, h_q, s_q]).
 
     Values: on the CPU, a length outside [0, max_blocks * page_size] or a used block id outside
     [0, num_blocks) raises ValueError. On the GPU nothing is checked by default (no host sync):
     a negative length counts as 0 keys, a length above the capacity as the capacity, and a used
-    block id outside the cache reads zero keys; nothing outside the cache is ever read.
+    block id outside the cache reads zero keys (over a quantised cache: names no key, skipped);
+    nothing outside the cache is ever read.
     check_values=True (or OPENMLA_CHECK_VALUES=1) checks them on every device first and raises
     ValueError naming the entry (it copies cache_seqlens and block_table to the host: a sync).
 
