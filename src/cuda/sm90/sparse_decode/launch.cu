@@ -16,6 +16,10 @@ namespace {
 constexpr int kKeysPerTile = 64;
 constexpr int kMaxSplits = 64;
 constexpr size_t kAlign = 256;
+#ifndef OPENMLA_SPARSE_BF16_REGISTERS
+#define OPENMLA_SPARSE_BF16_REGISTERS 0
+#endif
+constexpr bool kBf16ThroughRegisters = OPENMLA_SPARSE_BF16_REGISTERS != 0;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -121,6 +125,9 @@ Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c)
                        l.block_stride % 16 == 0 && l.data_offset % 16 == 0 &&
                        l.data_stride % 16 == 0;
   c->prefetch_bytes = aligned ? static_cast<int>(bytes) : 0;
+  // bf16 keys need no decoding: cp.async copies them into the stage (16 B pieces, so the rows
+  // must be 16 B aligned); OPENMLA_SPARSE_BF16_REGISTERS=1 builds the register path instead.
+  c->async_copy = !kBf16ThroughRegisters && l.format == KVFormat::kBF16 && aligned;
   return Status::Ok();
 }
 

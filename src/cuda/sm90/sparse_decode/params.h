@@ -18,6 +18,7 @@ struct SparseCacheParams {
   int page_shift = -1;    // log2(page_size) when a power of two, else -1 (a division per key)
   int codec = 0;          // kvcodec::Codec of the format
   int prefetch_bytes = 0; // a token's data part rounded up to 16 B for the L2 bulk prefetch; 0: off
+  bool async_copy = false;  // bf16 with 16 B aligned rows: keys go to shared memory by cp.async
 };
 
 struct SparseDecodeParams {

@@ -62,7 +62,8 @@ struct Tile {
 __device__ __forceinline__ Tile tile_at(const Problem& t, int k) {
   const int c = k < t.tiles0 ? 0 : 1;
   const int pos0 = 64 * (c == 0 ? k : k - t.tiles0);
-  return {c, pos0, min(64, t.n[c] - pos0)};
+  const int n = c == 0 ? t.n[0] : t.n[1];  // no dynamic index: n stays in registers
+  return {c, pos0, min(64, n - pos0)};
 }
 // The tiles [begin, end) split `split` walks: a fixed count per split (sparse mode, from the
 // host), or the request's own tiles spread evenly over the splits (dense mode: lengths vary per
@@ -330,6 +331,55 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
+// cp.async of `bytes` (16 or 4) from global to shared memory; zeros where `valid` is false (no
+// byte is read then: src-size 0).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0) : "memory");
+  } else {
+    static_assert(kBytes == 4);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src),
+                 "r"(valid ? 4 : 0) : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// A stage filled by cp.async goes to the compute warpgroups once this lane's copies but the last
+// kStillPending groups have landed.
+template <int kStillPending>
+__device__ __forceinline__ void hand_over(uint64_t& full, int lane) {
+  cp_async_wait<kStillPending>();
+  fence_async_smem();  // the copies (generic proxy) before wgmma's reads (async proxy)
+  __syncwarp();
+  if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&full);
+}
+
+// A bf16 key's row straight into the stage by cp.async (bf16 caches need no decoding): the same
+// bytes and places as load_raw + store_row, with no registers held, so a whole tile's loads are
+// in flight at once. Invalid keys are zero rows.
+template <int D>
+__device__ __forceinline__ void copy_row_async(const SparseCacheParams& c, int64_t block_base,
+                                               int offset, bool valid, char* stage, int row,
+                                               int lane) {
+  const uint8_t* data = c.base + block_base + c.data_offset +
+                        static_cast<int64_t>(offset) * c.data_stride;
+  const int piece = lane >> 2, c0 = (lane & 3) * 2;
+  char* base = stage + piece * 8192 + row * 128;
+  cp_async<16>(base + ((c0 ^ (row & 7)) << 4), data + 32 * lane, valid);
+  cp_async<16>(base + (((c0 + 1) ^ (row & 7)) << 4), data + 32 * lane + 16, valid);
+  if constexpr (D == 576) {  // dims 512 + 2l, 513 + 2l
+    cp_async<4>(stage + 8 * 8192 + row * 128 + (((lane >> 2) ^ (row & 7)) << 4) + (lane & 3) * 4,
+                data + 1024 + 4 * lane, valid);
+  }
+}
+
 // The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
 template <class Traits>
 __device__ __forceinline__ void produce(const SparseDecodeParams& p,
@@ -360,6 +410,10 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     }
   };
 
+  // A stage filled by cp.async (bf16 tiles) is handed over one tile late: after the next tile's
+  // copies are issued, so two tiles' bytes are in flight. -1: none pending.
+  int pending = -1;
+
   // Indices run two tiles ahead and bytes one tile ahead: at tile k the index of tile k + 2 is
   // requested (first used a tile later) and tile k + 1's keys, whose indices arrived during tile
   // k - 1, go to L2; so no index load and no DRAM miss sits on a tile's critical path.
@@ -382,6 +436,23 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     // The stage is free once both compute warpgroups are done with its previous tile.
     cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
     char* dst = reinterpret_cast<char*>(smem.k[stage]);
+    if (c.async_copy) {  // bf16: cp.async straight into the stage, handed over a tile later
+#pragma unroll 4
+      for (int key = 0; key < Traits::kKeysPerWarp; ++key) {
+        const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
+        const int off = __shfl_sync(0xffffffffu, offset, key);
+        copy_row_async<D>(c, base, off, (mask >> key) & 1u, dst, 16 * warp + key, lane);
+      }
+      cp_async_commit();
+      if (lane == 0) smem.valid[stage][warp] = static_cast<uint16_t>(mask);
+      if (pending >= 0) hand_over<1>(smem.full[pending], lane);
+      pending = stage;
+      slot = next_slot;
+      next_slot = after_next_slot;
+      continue;
+    }
+    if (pending >= 0) hand_over<0>(smem.full[pending], lane);
+    pending = -1;
 #pragma unroll 1
     for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
       RawKey raw[kBatch];
@@ -408,6 +479,7 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     slot = next_slot;
     next_slot = after_next_slot;
   }
+  if (pending >= 0) hand_over<0>(smem.full[pending], lane);
 }
 
 }  // namespace sparse_decode_detail
