@@ -238,6 +238,58 @@ def test_empty_batch_and_merge_of_no_tokens():
     assert torch.isfinite(randn(4, seed=8).float()).all()
 
 
+@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_model1", "fp8_mx", "fp4", "bf16"])
+@pytest.mark.parametrize("h_q,s_q,causal", [(16, 1, False), (128, 2, True), (8, 4, True)])
+def test_dense_decode_over_quantised_cache(fmt, h_q, s_q, causal):
+    """Dense decode over a paged cache of any format (openmla.dense_decode with kv_format, and
+    flash_mla_with_kvcache(is_fp8_kvcache=True) without indices): NaN in every slot no request
+    uses, a permuted block table, poisoned outputs; against the torch reference on the
+    dequantised cache and the CPU backend."""
+    b, page, max_blocks = 3, 64, 6
+    num_blocks = b * max_blocks + 2
+    d_qk = 576 if fmt in ("fp8_v32", "bf16") else 512
+    g = torch.Generator().manual_seed(70)
+    block_table = torch.randperm(num_blocks, generator=g)[: b * max_blocks].view(b, max_blocks)
+    seqlens = torch.tensor([300, 1, page * max_blocks], dtype=torch.int32)
+    n = num_blocks * page
+    used = torch.zeros(n, dtype=torch.bool)
+    for i in range(b):
+        t = torch.arange(int(seqlens[i]))
+        used[block_table[i, t // page] * page + t % page] = True
+    x = randn(n, d_qk, seed=71, dtype=torch.float32, device="cpu")
+    x[~used] = float("nan")
+    cache = openmla.new_kv_cache(num_blocks, page, fmt, d_qk=d_qk, like=torch.empty(0))
+    openmla.kv_cache_write(x, torch.arange(n, dtype=torch.int32), cache)
+    flat = openmla.kv_cache_gather(cache, torch.arange(n, dtype=torch.int32))
+    block_table = block_table.to(torch.int32)
+    dev_cache = openmla.new_kv_cache(num_blocks, page, fmt, d_qk=d_qk,
+                                     like=torch.empty(0, device=DEVICE))
+    dev_cache.copy_(cache)
+    q = randn(b, s_q, h_q, d_qk, seed=72)
+    bt, sl = block_table.to(DEVICE), seqlens.to(DEVICE)
+    out = poisoned((b, s_q, h_q, 512), torch.bfloat16)
+    lse = poisoned((b, h_q, s_q), torch.float32)
+    result = on_device(lambda: openmla.dense_decode(q, dev_cache, bt, sl, causal=causal,
+                                                    kv_format=fmt, out=out, lse=lse),
+                       f"dense_decode over {fmt}")
+    if result is None:
+        return
+    keys = flat.to(DEVICE).view(num_blocks, page, 1, d_qk)
+    ref_out, ref_lse = ref_dense_decode(q, keys, bt, sl, causal)
+    assert rel_err(out, ref_out) < OUT_RTOL
+    assert_lse_close(lse, ref_lse)
+    cpu_out, cpu_lse = openmla.dense_decode(q.cpu(), cache, block_table, seqlens, causal=causal,
+                                            kv_format=fmt)
+    assert rel_err(out, cpu_out) < OUT_RTOL
+    assert_lse_close(lse, cpu_lse)
+    if fmt == "fp8_v32":  # as engines call it: FlashMLA's name and schedule object
+        meta, _ = flash_mla.get_mla_metadata()
+        out2, lse2 = flash_mla.flash_mla_with_kvcache(q, dev_cache, bt, sl, 512, meta,
+                                                      causal=causal, is_fp8_kvcache=True)
+        assert rel_err(out2, out) < 1e-6 or torch.equal(out2, out)
+        assert_lse_close(lse2, lse, atol=1e-6)
+
+
 @pytest.mark.parametrize("fmt,layout", [("fp8_v32", "default"), ("fp8_model1", "default"),
                                         ("fp8_mx", "default"), ("fp8_mx", "interleaved"),
                                         ("bf16", "default")])
