@@ -46,18 +46,7 @@ Status dense_decode_kv_cache(const DenseDecodeArgs& args, const core::DenseDecod
   }
   OPENMLA_RETURN_IF_ERROR(check_q_out(kOp, args.q, args.out));
   SparseDecodeParams p = {};
-  p.q = args.q.data;
-  p.q_stride_b = args.q.strides[0];
-  p.q_stride_s = args.q.strides[1];
-  p.q_stride_h = args.q.strides[2];
-  p.out = args.out.data;
-  p.out_stride_b = args.out.strides[0];
-  p.out_stride_s = args.out.strides[1];
-  p.out_stride_h = args.out.strides[2];
-  p.lse = args.lse.data_as<float>();
-  p.lse_stride_b = args.lse.strides[0];
-  p.lse_stride_h = args.lse.strides[1];
-  p.lse_stride_s = args.lse.strides[2];
+  set_q_out_lse(args.q, args.out, args.lse, &p);
   OPENMLA_RETURN_IF_ERROR(sparse_cache_params(args.kv_cache, "kv_cache", &p.cache[0]));
   p.cache[1] = p.cache[0];
   p.block_table = args.block_table.data_as<const int32_t>();

@@ -159,6 +159,22 @@ Status check_q_out(const char* op, const TensorView& q, const TensorView& out) {
   return Status::Ok();
 }
 
+void set_q_out_lse(const TensorView& q, const TensorView& out, const TensorView& lse,
+                   SparseDecodeParams* p) {
+  p->q = q.data;
+  p->q_stride_b = q.strides[0];
+  p->q_stride_s = q.strides[1];
+  p->q_stride_h = q.strides[2];
+  p->out = out.data;
+  p->out_stride_b = out.strides[0];
+  p->out_stride_s = out.strides[1];
+  p->out_stride_h = out.strides[2];
+  p->lse = lse.data_as<float>();
+  p->lse_stride_b = lse.strides[0];
+  p->lse_stride_h = lse.strides[1];
+  p->lse_stride_s = lse.strides[2];
+}
+
 Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c) {
   return cache_params(cache, arg, c);
 }
@@ -236,21 +252,8 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
                    " above the kernel's 2^24");
   }
   OPENMLA_RETURN_IF_ERROR(check_q_out("sparse_decode", args.q, args.out));
-  const TensorView& q = args.q;
-  const TensorView& out = args.out;
   SparseDecodeParams p = {};
-  p.q = q.data;
-  p.q_stride_b = q.strides[0];
-  p.q_stride_s = q.strides[1];
-  p.q_stride_h = q.strides[2];
-  p.out = out.data;
-  p.out_stride_b = out.strides[0];
-  p.out_stride_s = out.strides[1];
-  p.out_stride_h = out.strides[2];
-  p.lse = args.lse.data_as<float>();
-  p.lse_stride_b = args.lse.strides[0];
-  p.lse_stride_h = args.lse.strides[1];
-  p.lse_stride_s = args.lse.strides[2];
+  set_q_out_lse(args.q, args.out, args.lse, &p);
   if (args.max_logits.defined()) {
     p.max_logits = args.max_logits.data_as<float>();
     p.max_logits_stride_b = args.max_logits.strides[0];

@@ -27,6 +27,9 @@ struct SparseDecodeParams;
 struct SparseCacheParams;
 // q 16-byte rows and out bf16 pairs (NotImplemented naming the argument otherwise).
 Status check_q_out(const char* op, const TensorView& q, const TensorView& out);
+// q [b, s_q, h_q, d], out [b, s_q, h_q, 512] and lse [b, h_q, s_q]: pointers and strides.
+void set_q_out_lse(const TensorView& q, const TensorView& out, const TensorView& lse,
+                   SparseDecodeParams* p);
 // A cache's descriptor for the producer; NotImplemented for formats the kernel does not read.
 Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c);
 // Workspace for `tokens` query tokens of h_q heads when the grid has `ctas` CTAs unsplit.
