@@ -1,16 +1,19 @@
 // SM90 sparse MLA decode: a gathering, dequantising producer warpgroup and two wgmma warpgroups.
 // Design and numbers: NOTES.md; compile-time choices: traits.h; the producer: producer.cuh.
 //
-// Grid (m_blocks, num_splits, tokens), 384 threads, one CTA per SM. CTA (m, s, t) serves heads
-// [64 m, 64 m + 64) of query token t over tiles [s tps, s tps + tps) of its key list. Per tile k
-// (stage k % 2):
-//   WG2: gathers and dequantises the tile's 64 keys into the stage (producer.cuh)
+// Grid (m_blocks, num_splits, problems), 384 threads, one CTA per SM. A problem is one query
+// token and its index list (sparse mode), or one request's s_q tokens and its first L cache
+// positions through the block table (dense mode, dense decode over a KVCache: params.h). CTA
+// (m, s, q) serves rows [64 m, 64 m + 64) of problem q (heads; in dense mode token-major
+// (j, h) pairs) over split s of its key list. Per tile k (stage k % 2):
+//   WG2: gathers and dequantises the tile's 64 keys into the stage (producer.cuh; bf16 keys by
+//        cp.async, handed over a tile later)
 //   WG0: S = Q K^T (the PV of tile k-1 completes under it), keys the mask drops -> -inf, the
 //        running max, P = exp(S - m) to registers and to shared memory with O's row factors;
 //        O_L *= factor; O_L += P V_L (issued, completed under the next QK^T)
 //   WG1: P and the factors from shared memory; O_R *= factor; O_R += P V_R
 // A stage goes back to the producer once both warpgroups' wgmmas on it are done. A split that is
-// the token's only one writes out (bf16, attention sink applied) and lse; otherwise its
+// the problem's only one writes out (bf16, attention sink applied) and lse; otherwise its
 // normalised fp32 partial and lse go to the workspace for the combine kernel (launch.cu).
 #pragma once
 
