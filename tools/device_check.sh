@@ -21,6 +21,7 @@
 #   SANITIZER_FILTER=...   filter for the memcheck run (default '*Small*:*Sanitizer*')
 #   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1
 #   BUILD_DIR=build-device  JOBS=$(nproc)  CMAKE_ARGS="..." (extra configure arguments)
+#   COMMIT=<hash>          the commit the working tree is (the device's .git may be stale)
 #   BUILD_TIMEOUT=420 TEST_TIMEOUT=240 SANITIZER_TIMEOUT=300 BENCH_TIMEOUT=240 (seconds per step)
 set -u -o pipefail
 
@@ -52,7 +53,9 @@ run_step() {
   shift 2
   local start=$SECONDS
   echo "+ $*" >>"$log"
-  timeout --kill-after=15 "$limit" "$@" >>"$log" 2>&1 </dev/null
+  # stdbuf: line-buffered output, so a step killed by its time limit still leaves what it printed
+  # (gtest and pytest buffer a redirected stdout otherwise).
+  timeout --kill-after=15 "$limit" stdbuf -oL -eL "$@" >>"$log" 2>&1 </dev/null
   STEP_RC=$?
   STEP_SECONDS=$((SECONDS - start))
   if [[ $STEP_RC -eq 124 || $STEP_RC -eq 137 ]]; then
@@ -71,7 +74,9 @@ note_for() {  # note_for RC: a short reason for the summary
 # --- environment -----------------------------------------------------------------------------
 {
   echo "OpenMLA device check, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-  echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  # The device gets a copy of the working tree; its .git may be older than the tree (seen
+  # 2026-12-05), so the caller names the commit: COMMIT=$(git rev-parse --short HEAD) in the command.
+  echo "commit: ${COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown) (from the .git of the device: may be stale)}" \
        "$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo '(working tree modified)')"
   echo "host: $(uname -srm), $(nproc) cores"
   echo
