@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -347,6 +348,37 @@ TEST(SparseDecode, AllIndicesInvalidIsLonely) {
     c.seed = 5000 + b;
     check(c);
   }
+}
+
+// bf16 caches through both fills on long key lists (many tiles a CTA): the register path (the
+// default) and cp.async straight into the stage (OPENMLA_SPARSE_BF16_CP_ASYNC=1), whose first
+// form handed a stage over only after the next tile's copies and deadlocked from a CTA's third
+// tile. With an fp8 extra cache, tiles of both fills alternate in one CTA.
+TEST(SparseDecode, Bf16FillsOnLongLists) {
+  uint64_t seed = 7000;
+  for (const char* cp_async : {"0", "1"}) {
+    setenv("OPENMLA_SPARSE_BF16_CP_ASYNC", cp_async, 1);
+    for (int d_qk : {576, 512}) {
+      for (int64_t s_q : {1, 2}) {
+        Case c;
+        c.cache = spec(KVFormat::kBF16, d_qk);
+        c.cache.num_blocks = 64;
+        c.b = s_q == 1 ? 8 : 70;  // split and not
+        c.s_q = s_q;
+        c.h_q = 64;
+        c.topk = 2048;
+        c.topk_length = s_q == 2;
+        if (d_qk == 512 && s_q == 2) {
+          c.extra = spec(KVFormat::kFP8_Model1, 512);
+          c.extra_topk = 512;
+        }
+        c.seed = seed++;
+        SCOPED_TRACE(std::string("OPENMLA_SPARSE_BF16_CP_ASYNC=") + cp_async);
+        check(c);
+      }
+    }
+  }
+  unsetenv("OPENMLA_SPARSE_BF16_CP_ASYNC");
 }
 
 // Small shapes of every format, split and not, with an extra cache: also run under memcheck.

@@ -3,6 +3,7 @@
 #include "cuda/sm90/sparse_decode/launch.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "core/str_cat.h"
@@ -16,10 +17,14 @@ namespace {
 constexpr int kKeysPerTile = 64;
 constexpr int kMaxSplits = 64;
 constexpr size_t kAlign = 256;
-#ifndef OPENMLA_SPARSE_BF16_REGISTERS
-#define OPENMLA_SPARSE_BF16_REGISTERS 0
-#endif
-constexpr bool kBf16ThroughRegisters = OPENMLA_SPARSE_BF16_REGISTERS != 0;
+
+// bf16 keys by cp.async straight into the stage (producer.cuh) instead of through registers:
+// opt-in with OPENMLA_SPARSE_BF16_CP_ASYNC=1 (read at every launch) until it has run on a GPU in
+// its fixed form (its first form deadlocked from a CTA's third tile: NOTES.md).
+bool bf16_cp_async() {
+  const char* v = std::getenv("OPENMLA_SPARSE_BF16_CP_ASYNC");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -125,9 +130,9 @@ Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c)
                        l.block_stride % 16 == 0 && l.data_offset % 16 == 0 &&
                        l.data_stride % 16 == 0;
   c->prefetch_bytes = aligned ? static_cast<int>(bytes) : 0;
-  // bf16 keys need no decoding: cp.async copies them into the stage (16 B pieces, so the rows
-  // must be 16 B aligned); OPENMLA_SPARSE_BF16_REGISTERS=1 builds the register path instead.
-  c->async_copy = !kBf16ThroughRegisters && l.format == KVFormat::kBF16 && aligned;
+  // bf16 keys need no decoding: cp.async can copy them into the stage (16 B pieces, so the rows
+  // must be 16 B aligned).
+  c->async_copy = l.format == KVFormat::kBF16 && aligned && bf16_cp_async();
   return Status::Ok();
 }
 

@@ -345,20 +345,11 @@ __device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid)
                  "r"(valid ? 4 : 0) : "memory");
   }
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
-// A stage filled by cp.async goes to the compute warpgroups once this lane's copies but the last
-// kStillPending groups have landed.
-template <int kStillPending>
-__device__ __forceinline__ void hand_over(uint64_t& full, int lane) {
-  cp_async_wait<kStillPending>();
-  fence_async_smem();  // the copies (generic proxy) before wgmma's reads (async proxy)
-  __syncwarp();
-  if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&full);
+// The mbarrier also waits for this thread's cp.asyncs so far (no change to its arrival count:
+// the pending count goes up now and down when they land), as CUTLASS's cp.async pipelines do.
+__device__ __forceinline__ void cp_async_track(uint64_t& barrier) {
+  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(&barrier));
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(b) : "memory");
 }
 
 // A bf16 key's row straight into the stage by cp.async (bf16 caches need no decoding): the same
@@ -410,10 +401,6 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     }
   };
 
-  // A stage filled by cp.async (bf16 tiles) is handed over one tile late: after the next tile's
-  // copies are issued, so two tiles' bytes are in flight. -1: none pending.
-  int pending = -1;
-
   // Indices run two tiles ahead and bytes one tile ahead: at tile k the index of tile k + 2 is
   // requested (first used a tile later) and tile k + 1's keys, whose indices arrived during tile
   // k - 1, go to L2; so no index load and no DRAM miss sits on a tile's critical path.
@@ -436,23 +423,25 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     // The stage is free once both compute warpgroups are done with its previous tile.
     cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
     char* dst = reinterpret_cast<char*>(smem.k[stage]);
-    if (c.async_copy) {  // bf16: cp.async straight into the stage, handed over a tile later
+    if (c.async_copy) {
+      // bf16: cp.async straight into the stage; the full barrier completes when the copies land,
+      // so the warp goes on to the next tile at once. (Handing a stage over only after the next
+      // tile's copies were issued deadlocks from the third tile: that next stage is freed by WG0
+      // only once it has this one.)
 #pragma unroll 4
       for (int key = 0; key < Traits::kKeysPerWarp; ++key) {
         const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
         const int off = __shfl_sync(0xffffffffu, offset, key);
         copy_row_async<D>(c, base, off, (mask >> key) & 1u, dst, 16 * warp + key, lane);
       }
-      cp_async_commit();
       if (lane == 0) smem.valid[stage][warp] = static_cast<uint16_t>(mask);
-      if (pending >= 0) hand_over<1>(smem.full[pending], lane);
-      pending = stage;
+      cp_async_track(smem.full[stage]);
+      __syncwarp();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
       slot = next_slot;
       next_slot = after_next_slot;
       continue;
     }
-    if (pending >= 0) hand_over<0>(smem.full[pending], lane);
-    pending = -1;
 #pragma unroll 1
     for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
       RawKey raw[kBatch];
@@ -479,7 +468,8 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     slot = next_slot;
     next_slot = after_next_slot;
   }
-  if (pending >= 0) hand_over<0>(smem.full[pending], lane);
+  // No thread leaves with its copies still in flight.
+  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 }  // namespace sparse_decode_detail
