@@ -15,7 +15,9 @@ namespace openmla::cuda::sm90 {
 namespace {
 
 constexpr int kKeysPerTile = 64;
-constexpr int kMaxSplits = 64;
+// Splits of one token: enough to fill every SM even for one CTA a token (b 1 over a long dense
+// context); the wave model below picks fewer where that does not pay.
+constexpr int kMaxSplits = 256;
 constexpr size_t kAlign = 256;
 
 // bf16 keys by cp.async straight into the stage (producer.cuh) instead of through registers:
