@@ -7,6 +7,7 @@
 
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include <cutlass/arch/barrier.h>
