@@ -143,11 +143,11 @@ def _v32_classes():
 
 
 class _Indexers:
-    """Records V3.2's indexer picks in one run ("record") and makes another run attend them
-    ("replay"), keeping what its own indexer picked."""
+    """Records the given indexers' picks in one run ("record") and makes another run attend them
+    ("replay"), keeping what its own indexers picked (own_entry)."""
 
-    def __init__(self, model):
-        self.indexers = [layer.self_attn.indexer for layer in model.model.layers]
+    def __init__(self, indexers):
+        self.indexers = indexers
         self.mode = "off"
         self.recorded = [[] for _ in self.indexers]
         self.own = [[] for _ in self.indexers]
@@ -155,19 +155,32 @@ class _Indexers:
         for i, indexer in enumerate(self.indexers):
             indexer.forward = self._wrap(i, indexer.forward)
 
+    def own_entry(self, picks, args):
+        return picks.clone()
+
     def _wrap(self, i, forward):
         def wrapped(*args, **kwargs):
             picks = forward(*args, **kwargs)
-            mask = args[3]
-            visible = mask if mask.dtype == torch.bool else mask == 0
             if self.mode == "record":
                 self.recorded[i].append(picks.clone())
             elif self.mode == "replay":
-                self.own[i].append((picks.clone(), visible.clone()))
+                self.own[i].append(self.own_entry(picks, args))
                 picks = self.recorded[i][self.calls[i]]
                 self.calls[i] += 1
             return picks
         return wrapped
+
+
+class _V32Indexers(_Indexers):
+    """V3.2's indexers; what they picked is kept with the keys each query could see."""
+
+    def __init__(self, model):
+        super().__init__([layer.self_attn.indexer for layer in model.model.layers])
+
+    def own_entry(self, picks, args):
+        mask = args[3]
+        visible = mask if mask.dtype == torch.bool else mask == 0
+        return picks.clone(), visible.clone()
 
     def agreement(self, layer):
         """Fraction of (sequence, query) whose picks among the visible keys are the same set."""
@@ -212,7 +225,7 @@ def _compare(kind, kv_format, page_size, batch, prompt, seed=0, device="cpu", **
     model = _model(kind, seed=seed, **config).to(device)
     gen = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(0, VOCAB, (batch, prompt + DECODE_STEPS), generator=gen).to(device)
-    indexers = _Indexers(model) if kind == "v32" else None
+    indexers = _V32Indexers(model) if kind == "v32" else None
     omla_tf.enable(model)
     cache = omla_tf.OpenMLACache(model, page_size=page_size, kv_format=kv_format)
     if indexers:
@@ -288,7 +301,7 @@ def test_left_padded_batch(kind, kv_format):
     model = _model(kind, topk=8) if kind == "v32" else _model(kind)
     ids, mask = _left_padded([4, 17, 9], DECODE_STEPS, seed=21)
     prompt = 17
-    indexers = _Indexers(model) if kind == "v32" else None
+    indexers = _V32Indexers(model) if kind == "v32" else None
     omla_tf.enable(model)
     cache = omla_tf.OpenMLACache(model, page_size=16)
     if indexers:
@@ -339,7 +352,7 @@ def _greedy_matches(kind, kv_format, batch, prompt, new_tokens, lengths=None, **
         reference_cache = lambda: _v4_dequantised_cache(model, kv_format)  # noqa: E731
     else:
         model = _model(kind, **config)
-        indexers = _Indexers(model) if kind == "v32" else None
+        indexers = _V32Indexers(model) if kind == "v32" else None
         reference_cache = lambda: _dequantised_cache(model, kv_format)  # noqa: E731
     if lengths is None:
         ids = torch.randint(0, VOCAB, (batch, prompt), generator=torch.Generator().manual_seed(7))
@@ -517,30 +530,12 @@ def _v4_dequantised_cache(model, kv_format, extra_kv_format=None):
     return cache
 
 
-class _V4Indexers:
-    """_Indexers for V4's CSA indexers (their picks are compressed-entry numbers, -1 invalid)."""
+class _V4Indexers(_Indexers):
+    """V4's CSA indexers (their picks are compressed-entry numbers, -1 invalid)."""
 
     def __init__(self, model):
-        self.indexers = [layer.self_attn.compressor.indexer for layer in model.model.layers
-                         if layer.self_attn.layer_type == "compressed_sparse_attention"]
-        self.mode = "off"
-        self.recorded = [[] for _ in self.indexers]
-        self.own = [[] for _ in self.indexers]
-        self.calls = [0 for _ in self.indexers]
-        for i, indexer in enumerate(self.indexers):
-            indexer.forward = self._wrap(i, indexer.forward)
-
-    def _wrap(self, i, forward):
-        def wrapped(*args, **kwargs):
-            picks = forward(*args, **kwargs)
-            if self.mode == "record":
-                self.recorded[i].append(picks.clone())
-            elif self.mode == "replay":
-                self.own[i].append(picks.clone())
-                picks = self.recorded[i][self.calls[i]]
-                self.calls[i] += 1
-            return picks
-        return wrapped
+        super().__init__([layer.self_attn.compressor.indexer for layer in model.model.layers
+                          if layer.self_attn.layer_type == "compressed_sparse_attention"])
 
     def agreement(self):
         same = total = 0
