@@ -350,8 +350,8 @@ TEST(SparseDecode, AllIndicesInvalidIsLonely) {
   }
 }
 
-// bf16 caches through both fills on long key lists (many tiles a CTA): the register path (the
-// default) and cp.async straight into the stage (OPENMLA_SPARSE_BF16_CP_ASYNC=1), whose first
+// bf16 caches through both fills on long key lists (many tiles a CTA): the register path
+// (OPENMLA_SPARSE_BF16_CP_ASYNC=0) and cp.async straight into the stage (the default), whose first
 // form handed a stage over only after the next tile's copies and deadlocked from a CTA's third
 // tile. With an fp8 extra cache, tiles of both fills alternate in one CTA.
 TEST(SparseDecode, Bf16FillsOnLongLists) {

@@ -21,11 +21,11 @@ constexpr int kMaxSplits = 256;
 constexpr size_t kAlign = 256;
 
 // bf16 keys by cp.async straight into the stage (producer.cuh) instead of through registers:
-// opt-in with OPENMLA_SPARSE_BF16_CP_ASYNC=1 (read at every launch) until it has run on a GPU in
-// its fixed form (its first form deadlocked from a CTA's third tile: NOTES.md).
+// the default (1.7x on sparse prefill, H100, NOTES.md); OPENMLA_SPARSE_BF16_CP_ASYNC=0 (read at
+// every launch) takes the register path, for A/B runs.
 bool bf16_cp_async() {
   const char* v = std::getenv("OPENMLA_SPARSE_BF16_CP_ASYNC");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return !(v != nullptr && v[0] == '0' && v[1] == '\0');
 }
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
