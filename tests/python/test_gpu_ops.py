@@ -663,10 +663,16 @@ def test_cuda_graph_step_allocates_nothing():
 
     if on_device(step, "dense_decode (given buffers)") is None:
         return
+    # torch's capture keeps small state of its own alive (the CUDA generator's graph-safe seed
+    # and offset, 1 KB on torch 2.11): a capture of an empty step measures it.
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
+    empty_graph, _ = capture(lambda: None)
+    torch_own = torch.cuda.memory_allocated() - before
+    before = torch.cuda.memory_allocated()
     graph, _ = capture(step)
-    assert torch.cuda.memory_allocated() == before, "capturing the step allocated memory"
+    grown = torch.cuda.memory_allocated() - before
+    assert grown <= torch_own, f"capturing the step allocated {grown - torch_own} bytes"
     seqlens.copy_(torch.tensor([5, 1024, 3, 63], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()

@@ -23,7 +23,6 @@ the queries after it).
 """
 
 import math
-import warnings
 
 import pytest
 
@@ -629,13 +628,10 @@ def test_v3_on_cuda():
 @pytest.mark.parametrize("kind", [pytest.param("v32", marks=needs_v32),
                                   pytest.param("v4", marks=needs_v4)])
 def test_sparse_models_on_cuda(kind):
-    """V3.2 / V4 on CUDA tensors: checked like on the CPU once sparse_decode / sparse_prefill
-    have CUDA kernels; until then they must raise NotImplementedError (reported as a warning)."""
+    """V3.2 / V4 on CUDA tensors (sparse_decode and sparse_prefill on the GPU), checked like on
+    the CPU."""
     _cuda_or_skip()
-    try:
-        if kind == "v32":
-            _compare("v32", "fp8_v32", 64, 2, 12, heads=16, topk=16, device="cuda")
-        else:
-            _compare_v4("fp8_model1", None, 16, 64, 2, 13, device="cuda")
-    except NotImplementedError as error:
-        warnings.warn(f"{kind} on CUDA: no kernel yet ({error})")
+    if kind == "v32":
+        _compare("v32", "fp8_v32", 64, 2, 12, heads=16, topk=16, device="cuda")
+    else:
+        _compare_v4("fp8_model1", None, 16, 64, 2, 13, device="cuda")
