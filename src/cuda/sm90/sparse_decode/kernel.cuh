@@ -353,7 +353,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    produce<Traits>(params, smem, problem, split);
+    if (params.by_token) {
+      produce_by_token<Traits>(params, smem, problem, split);
+    } else {
+      produce<Traits>(params, smem, problem, split);
+    }
   } else if (wg == 1) {
     cutlass::arch::warpgroup_reg_alloc<Traits::kWg1Registers>();
     consume<Traits>(params, smem, 1, m_block, split, problem);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/str_cat.h"
@@ -23,6 +24,13 @@ constexpr size_t kAlign = 256;
 // bf16 keys by cp.async straight into the stage (producer.cuh) instead of through registers:
 // the default (1.7x on sparse prefill, H100, NOTES.md); OPENMLA_SPARSE_BF16_CP_ASYNC=0 (read at
 // every launch) takes the register path, for A/B runs.
+// The token fill of quantised caches (producer.cuh) is the default where the cache's parts are
+// aligned for it; OPENMLA_SPARSE_FILL=keys (read at every launch) takes the warp-per-key fill, and
+// OPENMLA_SPARSE_PREFETCH=0 turns the one-tile-ahead L2 prefetch off, for A/B runs.
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
 bool bf16_cp_async() {
   const char* v = std::getenv("OPENMLA_SPARSE_BF16_CP_ASYNC");
   return !(v != nullptr && v[0] == '0' && v[1] == '\0');
@@ -131,10 +139,21 @@ Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c)
   const bool aligned = reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 &&
                        l.block_stride % 16 == 0 && l.data_offset % 16 == 0 &&
                        l.data_stride % 16 == 0;
-  c->prefetch_bytes = aligned ? static_cast<int>(bytes) : 0;
+  c->prefetch_bytes = aligned && !env_is("OPENMLA_SPARSE_PREFETCH", "0") ? static_cast<int>(bytes) : 0;
   // bf16 keys need no decoding: cp.async can copy them into the stage (16 B pieces, so the rows
   // must be 16 B aligned).
   c->async_copy = l.format == KVFormat::kBF16 && aligned && bf16_cp_async();
+  // The token fill loads a key's data and RoPE parts in 16 B pieces and its scales in 4 B
+  // (fp8_v32, fp8_mx) or 8 B (fp8_model1, fp4) pieces.
+  auto aligned_to = [&](int64_t offset, int64_t stride, int to) {
+    return reinterpret_cast<uintptr_t>(cache.data) % to == 0 && l.block_stride % to == 0 &&
+           offset % to == 0 && stride % to == 0;
+  };
+  const int scale_align = l.format == KVFormat::kFP8_Model1 || l.format == KVFormat::kFP4 ? 8 : 4;
+  c->by_token = info.quantized() && !env_is("OPENMLA_SPARSE_FILL", "keys") &&
+                aligned_to(l.data_offset, l.data_stride, 16) &&
+                aligned_to(l.scale_offset, l.scale_stride, scale_align) &&
+                (info.rope_bytes == 0 || aligned_to(l.rope_offset, l.rope_stride, 16));
   return Status::Ok();
 }
 
@@ -229,6 +248,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
     return Status::CudaError(core::str_cat(op, ": launch failed: ", cudaGetErrorName(err), " (",
                                            cudaGetErrorString(err), ")"));
   };
+  p.by_token = p.cache[0].by_token && (p.topk[1] == 0 || p.cache[1].by_token);
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

@@ -19,6 +19,7 @@ struct SparseCacheParams {
   int codec = 0;          // kvcodec::Codec of the format
   int prefetch_bytes = 0; // a token's data part rounded up to 16 B for the L2 bulk prefetch; 0: off
   bool async_copy = false;  // bf16 with 16 B aligned rows: keys go to shared memory by cp.async
+  bool by_token = false;    // quantised, parts aligned for the token fill (producer.cuh)
 };
 
 struct SparseDecodeParams {
@@ -75,6 +76,7 @@ struct SparseDecodeParams {
                         // divides each request's own tiles evenly over the splits in the kernel)
   float scale;          // softmax scale
   float scale_log2;     // scale * log2(e)
+  bool by_token;        // every cache the grid reads takes the token fill (producer.cuh)
 };
 
 }  // namespace openmla::cuda::sm90

@@ -372,6 +372,215 @@ __device__ __forceinline__ void copy_row_async(const SparseCacheParams& c, int64
   }
 }
 
+// ---- The token fill (quantised caches whose parts are aligned: SparseCacheParams::by_token) ----
+// Thread (warp w, lane l) of the producer owns keys 8 w + (l & 7) (round 0) and 32 + 8 w + (l & 7)
+// (round 1) of every tile, and of each key the quarter q = l >> 3 of its data bytes: 128
+// contiguous bytes of fp8 (dims 128 q .. 128 q + 127) or 64 of fp4 (the same dims), its scales in
+// one small load, and 32 bytes of its bf16 RoPE part (by cp.async straight into the stage, as
+// bf16 keys: no registers, no decoding). One 64-bit address a key and a
+// thread (the warp-per-key fill needs one a key and a lane), and every load of a round is
+// independent: a round (32 keys, half a tile) is in flight at once, where the warp-per-key fill
+// has 16 keys. A round's loads are issued before the stage is waited for, and the next tile's
+// bytes go to L2 a tile ahead by `prefetch.global.L2` (one per 128 B line and thread).
+
+// A thread's raw bytes of one key.
+struct TokenRaw {
+  uint4 d[8];     // data: fp8 8 x 16 codes; fp4 4 x 32 codes (d[0..3])
+  uint32_t s[2];  // scale bytes: fp8_v32 one float; fp8_model1 8 e8m0 (2 used); fp8_mx 4 e8m0;
+                  // fp4 8 e4m3
+};
+
+template <int D>
+__device__ __forceinline__ void load_token(const SparseCacheParams& c, int slot, int q,
+                                           TokenRaw& t) {
+  int block, offset;
+  block_offset(c, slot, &block, &offset);
+  const uint8_t* tok = c.base + static_cast<int64_t>(block) * c.block_stride;
+  const uint8_t* data = tok + c.data_offset + static_cast<int64_t>(offset) * c.data_stride;
+  const uint8_t* scale = tok + c.scale_offset + static_cast<int64_t>(offset) * c.scale_stride;
+  const uint4* d = reinterpret_cast<const uint4*>(data + 128 * q);
+  if constexpr (D == 576) {  // fp8_v32: float scale of dims 128 q ..
+#pragma unroll
+    for (int e = 0; e < 8; ++e) t.d[e] = __ldg(d + e);
+    t.s[0] = __ldg(reinterpret_cast<const uint32_t*>(scale) + q);
+  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {  // 448 data bytes
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (q < 3 || e < 4) t.d[e] = __ldg(d + e);
+    }
+    const uint2 sc = __ldg(reinterpret_cast<const uint2*>(scale));
+    t.s[0] = sc.x;
+    t.s[1] = sc.y;
+  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {  // e8m0 per 32 dims
+#pragma unroll
+    for (int e = 0; e < 8; ++e) t.d[e] = __ldg(d + e);
+    t.s[0] = __ldg(reinterpret_cast<const uint32_t*>(scale) + q);
+  } else {  // fp4: 64 bytes (128 dims), e4m3 per 16 dims
+    const uint4* d4 = reinterpret_cast<const uint4*>(data + 64 * q);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) t.d[e] = __ldg(d4 + e);
+    const uint2 sc = __ldg(reinterpret_cast<const uint2*>(scale) + q);
+    t.s[0] = sc.x;
+    t.s[1] = sc.y;
+  }
+}
+
+// 16 bf16 dims (8 words) into chunks `chunk`, `chunk` + 1 of row `row` of piece `piece`.
+__device__ __forceinline__ void store_16(char* stage, int piece, int row, int chunk,
+                                         const uint32_t (&v)[8]) {
+  char* base = stage + piece * 8192 + row * 128;
+  *reinterpret_cast<uint4*>(base + ((chunk ^ (row & 7)) << 4)) = make_uint4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<uint4*>(base + (((chunk + 1) ^ (row & 7)) << 4)) =
+      make_uint4(v[4], v[5], v[6], v[7]);
+}
+// The key's 32 B of RoPE (bf16 dims 16 q .. 16 q + 15 of the RoPE piece) by cp.async; zeros for
+// an invalid key (nothing read).
+template <int D>
+__device__ __forceinline__ void copy_rope_async(const SparseCacheParams& c, int slot, bool ok,
+                                                int q, char* stage, int row) {
+  if (c.codec != static_cast<int>(Codec::kFP8_V32) &&
+      c.codec != static_cast<int>(Codec::kFP8_Model1)) {
+    return;
+  }
+  const uint8_t* rope = c.base;
+  if (ok) {
+    int block, offset;
+    block_offset(c, slot, &block, &offset);
+    rope += static_cast<int64_t>(block) * c.block_stride + c.rope_offset +
+            static_cast<int64_t>(offset) * c.rope_stride + 32 * q;
+  }
+  char* base = stage + (D == 576 ? 8 : 7) * 8192 + row * 128;
+  cp_async<16>(base + (((2 * q) ^ (row & 7)) << 4), rope, ok);
+  cp_async<16>(base + (((2 * q + 1) ^ (row & 7)) << 4), rope + 16, ok);
+}
+
+// A thread's quarter of one key, decoded into the stage (zeros where the key is invalid: its
+// bytes were never loaded). Within a store instruction the 8 lanes of a quarter-warp write 8
+// different rows of one piece, so the swizzle spreads them over all 32 banks.
+template <int D>
+__device__ __forceinline__ void store_token(const SparseCacheParams& c, const TokenRaw& t, bool ok,
+                                            int q, char* stage, int row) {
+  uint32_t v[8];
+  auto zero_if_invalid = [&]() {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = ok ? v[i] : 0u;
+  };
+  auto fp8_chunk = [&](int e, float scale) {  // dims 128 q + 16 e .. + 15
+    RawKey r;
+    r.w[0] = t.d[e].x, r.w[1] = t.d[e].y, r.w[2] = t.d[e].z, r.w[3] = t.d[e].w;
+    e4m3x16_to_bf16(r, scale, v);
+    zero_if_invalid();
+    store_16(stage, 2 * q + (e >> 2), row, 2 * (e & 3), v);
+  };
+  if constexpr (D == 576) {  // fp8_v32
+    const float scale = kvcodec::u2f(t.s[0]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) fp8_chunk(e, scale);
+  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {  // e8m0 byte 2 q + e / 4
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (q < 3 || e < 4) {
+        const int b = 2 * q + (e >> 2);  // word q / 2 (a select: no dynamic register index)
+        const uint32_t w = q >= 2 ? t.s[1] : t.s[0];
+        fp8_chunk(e, kvcodec::e8m0_to_float((w >> (8 * (b & 3))) & 0xFFu));
+      }
+    }
+  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {  // e8m0 byte e / 2 of the word
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      fp8_chunk(e, kvcodec::e8m0_to_float((t.s[0] >> (8 * (e >> 1))) & 0xFFu));
+    }
+  } else {  // fp4: d[e] holds dims 128 q + 32 e .. + 31, e4m3 scale byte 2 e + h a half
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        RawKey r;
+        r.w[0] = h == 0 ? t.d[e].x : t.d[e].z;
+        r.w[1] = h == 0 ? t.d[e].y : t.d[e].w;
+        const int b = 2 * e + h;
+        e2m1x16_to_bf16(r, kvcodec::e4m3_to_float((t.s[b >> 2] >> (8 * (b & 3))) & 0xFFu), v);
+        zero_if_invalid();
+        store_16(stage, 2 * q + (e >> 1), row, 4 * (e & 1) + 2 * h, v);
+      }
+    }
+  }
+}
+
+// The key's bytes (its run of prefetch_bytes from the data part) into L2, a 128 B line a
+// thread and 512 B of the run.
+__device__ __forceinline__ void prefetch_token_l2(const SparseCacheParams& c, int slot, int q) {
+  if (c.prefetch_bytes <= 0 || slot < 0 || slot >= c.num_slots) return;
+  int block, offset;
+  block_offset(c, slot, &block, &offset);
+  const uint8_t* data = c.base + static_cast<int64_t>(block) * c.block_stride + c.data_offset +
+                        static_cast<int64_t>(offset) * c.data_stride;
+  for (int o = 128 * q; o < c.prefetch_bytes; o += 512) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(data + o));
+  }
+}
+
+template <class Traits>
+__device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
+                                                 typename Traits::SharedStorage& smem, int problem,
+                                                 int split) {
+  constexpr int D = Traits::kHeadDimQK;
+  const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
+  const int q = lane >> 3;
+  const int row0 = 8 * warp + (lane & 7);
+  const Problem keys = problem_of<Traits::kDense>(p, problem);
+  const int2 range = split_tiles<Traits::kDense>(p, keys, split);
+  auto slot_at = [&](int k, int r) {
+    if (k >= range.y) return -1;
+    return slot_of<Traits::kDense>(p, tile_at(keys, k), keys, row0 + 32 * r);
+  };
+
+  // Indices two tiles ahead and bytes into L2 one tile ahead (as the warp-per-key fill): at tile
+  // k the indices of tile k + 2 are requested and tile k + 1's keys, whose indices arrived during
+  // tile k - 1, go to L2.
+  int slot0 = slot_at(range.x, 0), slot1 = slot_at(range.x, 1);
+  int next0 = slot_at(range.x + 1, 0), next1 = slot_at(range.x + 1, 1);
+  for (int k = range.x; k < range.y; ++k) {
+    const int kk = k - range.x;
+    const int stage = kk & 1;
+    const int after0 = slot_at(k + 2, 0), after1 = slot_at(k + 2, 1);
+    const Tile tile = tile_at(keys, k);
+    const SparseCacheParams& c = p.cache[tile.cache];
+    char* dst = reinterpret_cast<char*>(smem.k[stage]);
+    // One round (32 keys) in flight at a time: the other round's raw bytes do not fit the
+    // producer's registers on top of them (ptxas spills), hence `unroll 1`.
+#pragma unroll 1
+    for (int r = 0; r < 2; ++r) {
+      const int slot = r == 0 ? slot0 : slot1;
+      const bool ok = slot >= 0 && slot < c.num_slots;
+      TokenRaw t;
+      if (ok) load_token<D>(c, slot, q, t);
+      if (r == 0) {
+        if (k + 1 < range.y) {
+          const SparseCacheParams& cn = p.cache[tile_at(keys, k + 1).cache];
+          prefetch_token_l2(cn, next0, q);
+          prefetch_token_l2(cn, next1, q);
+        }
+        // The stage is free once both compute warpgroups are done with its previous tile.
+        cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
+      }
+      copy_rope_async<D>(c, slot, ok, q, dst, row0 + 32 * r);
+      store_token<D>(c, t, ok, q, dst, row0 + 32 * r);
+      const uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0xFFu;
+      if (lane == 0) smem.valid[stage][4 * r + warp] = static_cast<uint8_t>(mask);
+    }
+    fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
+    cp_async_track(smem.full[stage]);  // and the RoPE copies land before the stage is full
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+    slot0 = next0;
+    slot1 = next1;
+    next0 = after0;
+    next1 = after1;
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
+}
+
 // The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
 template <class Traits>
 __device__ __forceinline__ void produce(const SparseDecodeParams& p,
@@ -435,7 +644,10 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
         const int off = __shfl_sync(0xffffffffu, offset, key);
         copy_row_async<D>(c, base, off, (mask >> key) & 1u, dst, 16 * warp + key, lane);
       }
-      if (lane == 0) smem.valid[stage][warp] = static_cast<uint16_t>(mask);
+      if (lane == 0) {
+        smem.valid[stage][2 * warp] = static_cast<uint8_t>(mask);
+        smem.valid[stage][2 * warp + 1] = static_cast<uint8_t>(mask >> 8);
+      }
       cp_async_track(smem.full[stage]);
       __syncwarp();
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
@@ -462,7 +674,10 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
         store_row<D>(dst, 16 * warp + key, lane, v, tail);
       }
     }
-    if (lane == 0) smem.valid[stage][warp] = static_cast<uint16_t>(mask);
+    if (lane == 0) {
+      smem.valid[stage][2 * warp] = static_cast<uint8_t>(mask);
+      smem.valid[stage][2 * warp + 1] = static_cast<uint8_t>(mask >> 8);
+    }
     fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
     __syncwarp();
     if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
