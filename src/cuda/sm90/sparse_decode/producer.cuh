@@ -454,22 +454,49 @@ __device__ __forceinline__ void copy_rope_async(const SparseCacheParams& c, int 
   cp_async<16>(base + (((2 * q + 1) ^ (row & 7)) << 4), rope + 16, ok);
 }
 
-// A thread's quarter of one key, decoded into the stage (zeros where the key is invalid: its
-// bytes were never loaded). Within a store instruction the 8 lanes of a quarter-warp write 8
-// different rows of one piece, so the swizzle spreads them over all 32 banks.
+// A bf16 key's row by cp.async, a quarter a thread: pieces q and q + 4 (8 chunks of 16 B each)
+// and, at d 576, chunks 2 q and 2 q + 1 of the RoPE piece; zeros for an invalid key (nothing
+// read). The 8 lanes of a quarter-warp write 8 rows of one piece: no bank conflicts.
 template <int D>
-__device__ __forceinline__ void store_token(const SparseCacheParams& c, const TokenRaw& t, bool ok,
-                                            int q, char* stage, int row) {
-  uint32_t v[8];
-  auto zero_if_invalid = [&]() {
+__device__ __forceinline__ void copy_token_bf16_async(const SparseCacheParams& c, int slot,
+                                                      bool ok, int q, char* stage, int row) {
+  const uint8_t* src = c.base;
+  if (ok) {
+    int block, offset;
+    block_offset(c, slot, &block, &offset);
+    src += static_cast<int64_t>(block) * c.block_stride + c.data_offset +
+           static_cast<int64_t>(offset) * c.data_stride;
+  }
+  const int sw = row & 7;
+  char* dst = stage + row * 128;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = ok ? v[i] : 0u;
-  };
+  for (int h = 0; h < 2; ++h) {
+    const int piece = q + 4 * h;
+#pragma unroll
+    for (int ch = 0; ch < 8; ++ch) {
+      cp_async<16>(dst + piece * 8192 + ((ch ^ sw) << 4), src + piece * 128 + ch * 16, ok);
+    }
+  }
+  if constexpr (D == 576) {
+#pragma unroll
+    for (int ch = 2 * q; ch < 2 * q + 2; ++ch) {
+      cp_async<16>(dst + 8 * 8192 + ((ch ^ sw) << 4), src + 1024 + ch * 16, ok);
+    }
+  }
+}
+
+// A thread's quarter of one key, decoded into the stage. An invalid key's raw words are zeros
+// (never loaded): zero codes times a zero (or e8m0 2^-127) scale decode to zeros, so no select.
+// Within a store instruction the 8 lanes of a quarter-warp write 8 different rows of one piece,
+// so the swizzle spreads them over all 32 banks.
+template <int D>
+__device__ __forceinline__ void store_token(const SparseCacheParams& c, const TokenRaw& t, int q,
+                                            char* stage, int row) {
+  uint32_t v[8];
   auto fp8_chunk = [&](int e, float scale) {  // dims 128 q + 16 e .. + 15
     RawKey r;
     r.w[0] = t.d[e].x, r.w[1] = t.d[e].y, r.w[2] = t.d[e].z, r.w[3] = t.d[e].w;
     e4m3x16_to_bf16(r, scale, v);
-    zero_if_invalid();
     store_16(stage, 2 * q + (e >> 2), row, 2 * (e & 3), v);
   };
   if constexpr (D == 576) {  // fp8_v32
@@ -500,7 +527,6 @@ __device__ __forceinline__ void store_token(const SparseCacheParams& c, const To
         r.w[1] = h == 0 ? t.d[e].y : t.d[e].w;
         const int b = 2 * e + h;
         e2m1x16_to_bf16(r, kvcodec::e4m3_to_float((t.s[b >> 2] >> (8 * (b & 3))) & 0xFFu), v);
-        zero_if_invalid();
         store_16(stage, 2 * q + (e >> 1), row, 4 * (e & 1) + 2 * h, v);
       }
     }
@@ -553,9 +579,19 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
     for (int r = 0; r < 2; ++r) {
       const int slot = r == 0 ? slot0 : slot1;
       const bool ok = slot >= 0 && slot < c.num_slots;
+      const bool bf16 = c.codec == static_cast<int>(Codec::kBF16);
       TokenRaw t;
-      if (ok) load_token<D>(c, slot, q, t);
+      if (!bf16) {
+        if (ok) {
+          load_token<D>(c, slot, q, t);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) t.d[e] = make_uint4(0u, 0u, 0u, 0u);
+          t.s[0] = t.s[1] = 0u;
+        }
+      }
       if (r == 0) {
+        // The next tile's keys into L2 while this tile's loads are in flight.
         if (k + 1 < range.y) {
           const SparseCacheParams& cn = p.cache[tile_at(keys, k + 1).cache];
           prefetch_token_l2(cn, next0, q);
@@ -564,8 +600,12 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
         // The stage is free once both compute warpgroups are done with its previous tile.
         cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
       }
-      copy_rope_async<D>(c, slot, ok, q, dst, row0 + 32 * r);
-      store_token<D>(c, t, ok, q, dst, row0 + 32 * r);
+      if (bf16) {  // no decoding: cp.async straight into the stage, no registers held
+        copy_token_bf16_async<D>(c, slot, ok, q, dst, row0 + 32 * r);
+      } else {
+        copy_rope_async<D>(c, slot, ok, q, dst, row0 + 32 * r);
+        store_token<D>(c, t, q, dst, row0 + 32 * r);
+      }
       const uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0xFFu;
       if (lane == 0) smem.valid[stage][4 * r + warp] = static_cast<uint8_t>(mask);
     }
