@@ -144,14 +144,15 @@ Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c)
   // must be 16 B aligned).
   c->async_copy = l.format == KVFormat::kBF16 && aligned && bf16_cp_async();
   // The token fill loads a key's data and RoPE parts in 16 B pieces and its scales in 4 B
-  // (fp8_v32, fp8_mx) or 8 B (fp8_model1, fp4) pieces; bf16 keys (when they go by cp.async) in
-  // 16 B pieces.
+  // (fp8_model1) or 16 B (fp8_v32, fp8_mx, fp4) pieces. (bf16 keys by cp.async take the
+  // warp-per-key fill: a quarter-key a thread was slower for them, each lane's copies touching
+  // lines of their own.)
   auto aligned_to = [&](int64_t offset, int64_t stride, int to) {
     return reinterpret_cast<uintptr_t>(cache.data) % to == 0 && l.block_stride % to == 0 &&
            offset % to == 0 && stride % to == 0;
   };
-  const int scale_align = l.format == KVFormat::kFP8_Model1 || l.format == KVFormat::kFP4 ? 8 : 4;
-  c->by_token = (info.quantized() || c->async_copy) && !env_is("OPENMLA_SPARSE_FILL", "keys") &&
+  const int scale_align = l.format == KVFormat::kFP8_Model1 ? 8 : 16;
+  c->by_token = info.quantized() && !env_is("OPENMLA_SPARSE_FILL", "keys") &&
                 aligned_to(l.data_offset, l.data_stride, 16) &&
                 aligned_to(l.scale_offset, l.scale_stride, scale_align) &&
                 (info.rope_bytes == 0 || aligned_to(l.rope_offset, l.rope_stride, 16));

@@ -373,21 +373,22 @@ __device__ __forceinline__ void copy_row_async(const SparseCacheParams& c, int64
 }
 
 // ---- The token fill (quantised caches whose parts are aligned: SparseCacheParams::by_token) ----
-// Thread (warp w, lane l) of the producer owns keys 8 w + (l & 7) (round 0) and 32 + 8 w + (l & 7)
-// (round 1) of every tile, and of each key the quarter q = l >> 3 of its data bytes: 128
-// contiguous bytes of fp8 (dims 128 q .. 128 q + 127) or 64 of fp4 (the same dims), its scales in
-// one small load, and 32 bytes of its bf16 RoPE part (by cp.async straight into the stage, as
-// bf16 keys: no registers, no decoding). One 64-bit address a key and a
-// thread (the warp-per-key fill needs one a key and a lane), and every load of a round is
-// independent: a round (32 keys, half a tile) is in flight at once, where the warp-per-key fill
-// has 16 keys. A round's loads are issued before the stage is waited for, and the next tile's
-// bytes go to L2 a tile ahead by `prefetch.global.L2` (one per 128 B line and thread).
+// Lane l of producer warp w owns key 8 w + (l >> 2) (round 0) and 32 + 8 w + (l >> 2) (round 1)
+// of every tile, and of each key the quarter q = l & 3: fp8 data bytes 64 e + 16 q .. + 15 for
+// e = 0 .. 7 (dims 64 e + 16 q ..: piece e), fp4 bytes 64 e + 16 q .. + 15 for e = 0 .. 3 (dims
+// 128 e + 32 q ..), the key's scales in one or two small loads, and 32 bytes of its bf16 RoPE
+// part (by cp.async straight into the stage: no registers, no decoding). The 4 lanes of a key
+// read 64 contiguous bytes an instruction (whole sectors); one 64-bit address a key and a thread
+// (the warp-per-key fill needs one a key and a lane), and every load of a round is independent:
+// a round (32 keys, half a tile) is in flight at once, where the warp-per-key fill has 16 keys.
+// A round's loads are issued before the stage is waited for, and the next tile's bytes go to L2
+// a tile ahead by `prefetch.global.L2` (one per 128 B line and thread).
 
 // A thread's raw bytes of one key.
 struct TokenRaw {
   uint4 d[8];     // data: fp8 8 x 16 codes; fp4 4 x 32 codes (d[0..3])
-  uint32_t s[2];  // scale bytes: fp8_v32 one float; fp8_model1 8 e8m0 (2 used); fp8_mx 4 e8m0;
-                  // fp4 8 e4m3
+  uint32_t s[8];  // scales: fp8_v32 4 floats; fp8_model1 8 e8m0 (7 used); fp8_mx 16 e8m0;
+                  // fp4 32 e4m3
 };
 
 template <int D>
@@ -398,30 +399,31 @@ __device__ __forceinline__ void load_token(const SparseCacheParams& c, int slot,
   const uint8_t* tok = c.base + static_cast<int64_t>(block) * c.block_stride;
   const uint8_t* data = tok + c.data_offset + static_cast<int64_t>(offset) * c.data_stride;
   const uint8_t* scale = tok + c.scale_offset + static_cast<int64_t>(offset) * c.scale_stride;
-  const uint4* d = reinterpret_cast<const uint4*>(data + 128 * q);
-  if constexpr (D == 576) {  // fp8_v32: float scale of dims 128 q ..
+  const uint4* d = reinterpret_cast<const uint4*>(data + 16 * q);  // + 4 e: bytes 64 e + 16 q
+  const uint4* s4 = reinterpret_cast<const uint4*>(scale);
+  auto scales16 = [&](int i) {
+    const uint4 v = __ldg(s4 + i);
+    t.s[4 * i] = v.x, t.s[4 * i + 1] = v.y, t.s[4 * i + 2] = v.z, t.s[4 * i + 3] = v.w;
+  };
+  if constexpr (D == 576) {  // fp8_v32: 4 float scales (one per 128 dims)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) t.d[e] = __ldg(d + e);
-    t.s[0] = __ldg(reinterpret_cast<const uint32_t*>(scale) + q);
-  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {  // 448 data bytes
+    for (int e = 0; e < 8; ++e) t.d[e] = __ldg(d + 4 * e);
+    scales16(0);
+  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {  // 448 data bytes, 7 e8m0
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if (q < 3 || e < 4) t.d[e] = __ldg(d + e);
-    }
+    for (int e = 0; e < 7; ++e) t.d[e] = __ldg(d + 4 * e);
     const uint2 sc = __ldg(reinterpret_cast<const uint2*>(scale));
     t.s[0] = sc.x;
     t.s[1] = sc.y;
-  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {  // e8m0 per 32 dims
+  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {  // 16 e8m0 (one per 32 dims)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) t.d[e] = __ldg(d + e);
-    t.s[0] = __ldg(reinterpret_cast<const uint32_t*>(scale) + q);
-  } else {  // fp4: 64 bytes (128 dims), e4m3 per 16 dims
-    const uint4* d4 = reinterpret_cast<const uint4*>(data + 64 * q);
+    for (int e = 0; e < 8; ++e) t.d[e] = __ldg(d + 4 * e);
+    scales16(0);
+  } else {  // fp4: 256 data bytes, 32 e4m3 (one per 16 dims)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) t.d[e] = __ldg(d4 + e);
-    const uint2 sc = __ldg(reinterpret_cast<const uint2*>(scale) + q);
-    t.s[0] = sc.x;
-    t.s[1] = sc.y;
+    for (int e = 0; e < 4; ++e) t.d[e] = __ldg(d + 4 * e);
+    scales16(0);
+    scales16(1);
   }
 }
 
@@ -454,80 +456,45 @@ __device__ __forceinline__ void copy_rope_async(const SparseCacheParams& c, int 
   cp_async<16>(base + (((2 * q + 1) ^ (row & 7)) << 4), rope + 16, ok);
 }
 
-// A bf16 key's row by cp.async, a quarter a thread: pieces q and q + 4 (8 chunks of 16 B each)
-// and, at d 576, chunks 2 q and 2 q + 1 of the RoPE piece; zeros for an invalid key (nothing
-// read). The 8 lanes of a quarter-warp write 8 rows of one piece: no bank conflicts.
-template <int D>
-__device__ __forceinline__ void copy_token_bf16_async(const SparseCacheParams& c, int slot,
-                                                      bool ok, int q, char* stage, int row) {
-  const uint8_t* src = c.base;
-  if (ok) {
-    int block, offset;
-    block_offset(c, slot, &block, &offset);
-    src += static_cast<int64_t>(block) * c.block_stride + c.data_offset +
-           static_cast<int64_t>(offset) * c.data_stride;
-  }
-  const int sw = row & 7;
-  char* dst = stage + row * 128;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int piece = q + 4 * h;
-#pragma unroll
-    for (int ch = 0; ch < 8; ++ch) {
-      cp_async<16>(dst + piece * 8192 + ((ch ^ sw) << 4), src + piece * 128 + ch * 16, ok);
-    }
-  }
-  if constexpr (D == 576) {
-#pragma unroll
-    for (int ch = 2 * q; ch < 2 * q + 2; ++ch) {
-      cp_async<16>(dst + 8 * 8192 + ((ch ^ sw) << 4), src + 1024 + ch * 16, ok);
-    }
-  }
-}
-
 // A thread's quarter of one key, decoded into the stage. An invalid key's raw words are zeros
 // (never loaded): zero codes times a zero (or e8m0 2^-127) scale decode to zeros, so no select.
-// Within a store instruction the 8 lanes of a quarter-warp write 8 different rows of one piece,
-// so the swizzle spreads them over all 32 banks.
+// A quarter-warp's 8 lanes are 2 keys (rows of different parity) x 4 quarters: 8 different
+// 16 B bank groups a store.
 template <int D>
 __device__ __forceinline__ void store_token(const SparseCacheParams& c, const TokenRaw& t, int q,
                                             char* stage, int row) {
   uint32_t v[8];
-  auto fp8_chunk = [&](int e, float scale) {  // dims 128 q + 16 e .. + 15
+  auto fp8_chunk = [&](int e, float scale) {  // dims 64 e + 16 q .. + 15: piece e
     RawKey r;
     r.w[0] = t.d[e].x, r.w[1] = t.d[e].y, r.w[2] = t.d[e].z, r.w[3] = t.d[e].w;
     e4m3x16_to_bf16(r, scale, v);
-    store_16(stage, 2 * q + (e >> 2), row, 2 * (e & 3), v);
+    store_16(stage, e, row, 2 * q, v);
   };
-  if constexpr (D == 576) {  // fp8_v32
-    const float scale = kvcodec::u2f(t.s[0]);
+  auto byte_of = [](uint32_t w, int i) { return (w >> (8 * i)) & 0xFFu; };
+  if constexpr (D == 576) {  // fp8_v32: float scale e / 2
 #pragma unroll
-    for (int e = 0; e < 8; ++e) fp8_chunk(e, scale);
-  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {  // e8m0 byte 2 q + e / 4
+    for (int e = 0; e < 8; ++e) fp8_chunk(e, kvcodec::u2f(t.s[e >> 1]));
+  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {  // e8m0 byte e
+#pragma unroll
+    for (int e = 0; e < 7; ++e) {
+      fp8_chunk(e, kvcodec::e8m0_to_float(byte_of(t.s[e >> 2], e & 3)));
+    }
+  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {  // e8m0 byte 2 e + q / 2
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      if (q < 3 || e < 4) {
-        const int b = 2 * q + (e >> 2);  // word q / 2 (a select: no dynamic register index)
-        const uint32_t w = q >= 2 ? t.s[1] : t.s[0];
-        fp8_chunk(e, kvcodec::e8m0_to_float((w >> (8 * (b & 3))) & 0xFFu));
-      }
+      fp8_chunk(e, kvcodec::e8m0_to_float(byte_of(t.s[e >> 1], 2 * (e & 1) + (q >> 1))));
     }
-  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {  // e8m0 byte e / 2 of the word
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      fp8_chunk(e, kvcodec::e8m0_to_float((t.s[0] >> (8 * (e >> 1))) & 0xFFu));
-    }
-  } else {  // fp4: d[e] holds dims 128 q + 32 e .. + 31, e4m3 scale byte 2 e + h a half
+  } else {  // fp4: d[e] holds dims 128 e + 32 q .. + 31; half h's e4m3 scale is byte 8 e + 2 q + h
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
+      const uint32_t w = (q >> 1) ? t.s[2 * e + 1] : t.s[2 * e];  // a select, no dynamic index
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         RawKey r;
         r.w[0] = h == 0 ? t.d[e].x : t.d[e].z;
         r.w[1] = h == 0 ? t.d[e].y : t.d[e].w;
-        const int b = 2 * e + h;
-        e2m1x16_to_bf16(r, kvcodec::e4m3_to_float((t.s[b >> 2] >> (8 * (b & 3))) & 0xFFu), v);
-        store_16(stage, 2 * q + (e >> 1), row, 4 * (e & 1) + 2 * h, v);
+        e2m1x16_to_bf16(r, kvcodec::e4m3_to_float(byte_of(w, 2 * (q & 1) + h)), v);
+        store_16(stage, 2 * e + (q >> 1), row, 4 * (q & 1) + 2 * h, v);
       }
     }
   }
@@ -552,8 +519,8 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
                                                  int split) {
   constexpr int D = Traits::kHeadDimQK;
   const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
-  const int q = lane >> 3;
-  const int row0 = 8 * warp + (lane & 7);
+  const int q = lane & 3;
+  const int row0 = 8 * warp + (lane >> 2);
   const Problem keys = problem_of<Traits::kDense>(p, problem);
   const int2 range = split_tiles<Traits::kDense>(p, keys, split);
   auto slot_at = [&](int k, int r) {
@@ -579,15 +546,14 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
     for (int r = 0; r < 2; ++r) {
       const int slot = r == 0 ? slot0 : slot1;
       const bool ok = slot >= 0 && slot < c.num_slots;
-      const bool bf16 = c.codec == static_cast<int>(Codec::kBF16);
       TokenRaw t;
-      if (!bf16) {
-        if (ok) {
-          load_token<D>(c, slot, q, t);
-        } else {
+      if (ok) {
+        load_token<D>(c, slot, q, t);
+      } else {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) t.d[e] = make_uint4(0u, 0u, 0u, 0u);
-          t.s[0] = t.s[1] = 0u;
+        for (int e = 0; e < 8; ++e) {
+          t.d[e] = make_uint4(0u, 0u, 0u, 0u);
+          t.s[e] = 0u;
         }
       }
       if (r == 0) {
@@ -600,13 +566,13 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
         // The stage is free once both compute warpgroups are done with its previous tile.
         cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
       }
-      if (bf16) {  // no decoding: cp.async straight into the stage, no registers held
-        copy_token_bf16_async<D>(c, slot, ok, q, dst, row0 + 32 * r);
-      } else {
-        copy_rope_async<D>(c, slot, ok, q, dst, row0 + 32 * r);
-        store_token<D>(c, t, q, dst, row0 + 32 * r);
-      }
-      const uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0xFFu;
+      copy_rope_async<D>(c, slot, ok, q, dst, row0 + 32 * r);
+      store_token<D>(c, t, q, dst, row0 + 32 * r);
+      // Key j's bit is lane 4 j's: gathered into bits 0 .. 7.
+      uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
+      mask = (mask | (mask >> 3)) & 0x03030303u;
+      mask = (mask | (mask >> 6)) & 0x000F000Fu;
+      mask = (mask | (mask >> 12)) & 0xFFu;
       if (lane == 0) smem.valid[stage][4 * r + warp] = static_cast<uint8_t>(mask);
     }
     fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
