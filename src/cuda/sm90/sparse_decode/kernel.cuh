@@ -6,8 +6,8 @@
 // positions through the block table (dense mode, dense decode over a KVCache: params.h). CTA
 // (m, s, q) serves rows [64 m, 64 m + 64) of problem q (heads; in dense mode token-major
 // (j, h) pairs) over split s of its key list. Per tile k (stage k % 2):
-//   WG2: gathers and dequantises the tile's 64 keys into the stage (producer.cuh; bf16 keys by
-//        cp.async, handed over a tile later)
+//   WG2: gathers and dequantises the tile's 64 keys into the stage (producer.cuh: the token fill
+//        of quantised caches, bf16 keys by cp.async, or the warp-per-key fill)
 //   WG0: S = Q K^T (the PV of tile k-1 completes under it), keys the mask drops -> -inf, the
 //        running max, P = exp(S - m) to registers and to shared memory with O's row factors;
 //        O_L *= factor; O_L += P V_L (issued, completed under the next QK^T)
