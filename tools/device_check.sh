@@ -176,15 +176,17 @@ built() {
 }
 
 # --- tests -----------------------------------------------------------------------------------
-run_tests() {  # run_tests STEP BINARY LOGFILE
+run_tests() {  # run_tests STEP BINARY LOGFILE [ENV=VALUE GTEST_FILTER]
   local step="$1" bin="$2" log="$3"
+  local -a env_args=() filter_args=("${GTEST_FILTER_ARG[@]}")
+  if [[ $# -ge 5 ]]; then env_args=("$4"); filter_args=(--gtest_filter="$5"); fi
   : >"$log"
   if ! built "$bin"; then
     echo "$bin is missing or stale (the build failed before linking it)" >>"$log"
     record "$step" FAIL 0 "not built"
     return
   fi
-  run_step "$log" "${TEST_TIMEOUT:-240}" "$bin" --gtest_color=no "${GTEST_FILTER_ARG[@]}"
+  run_step "$log" "${TEST_TIMEOUT:-240}" env "${env_args[@]}" "$bin" --gtest_color=no "${filter_args[@]}"
   local summary
   summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$log" | head -n 3 | tr '\n' ' ')"
   if [[ $STEP_RC -eq 0 ]]; then
@@ -195,6 +197,12 @@ run_tests() {  # run_tests STEP BINARY LOGFILE
 }
 run_tests cpu_tests "$BUILD_DIR/tests/openmla_cpu_tests" "$OUT/cpu_tests.txt"
 run_tests gpu_tests "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt"
+# Quantised caches take the token fill wherever their parts are aligned; the warp-per-key fill
+# (unaligned layouts, and OPENMLA_SPARSE_FILL=keys) is tested for every format here.
+if [[ -z "${GTEST_FILTER:-}" ]]; then
+  run_tests gpu_tests_keys_fill "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests_keys_fill.txt" \
+    OPENMLA_SPARSE_FILL=keys 'Sparse*:DenseDecodeKVCache*'
+fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------
 if [[ "${SKIP_SANITIZER:-0}" == 1 ]]; then
