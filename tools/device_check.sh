@@ -176,11 +176,16 @@ built() {
 }
 
 # --- tests -----------------------------------------------------------------------------------
-run_tests() {  # run_tests STEP BINARY LOGFILE [ENV=VALUE GTEST_FILTER]
+run_tests() {  # run_tests STEP BINARY LOGFILE [ENV=VALUE GTEST_FILTER: appended to LOGFILE]
   local step="$1" bin="$2" log="$3"
   local -a env_args=() filter_args=("${GTEST_FILTER_ARG[@]}")
-  if [[ $# -ge 5 ]]; then env_args=("$4"); filter_args=(--gtest_filter="$5"); fi
-  : >"$log"
+  if [[ $# -ge 5 ]]; then
+    env_args=("$4")
+    filter_args=(--gtest_filter="$5")
+    echo "=== $4" >>"$log"
+  else
+    : >"$log"
+  fi
   if ! built "$bin"; then
     echo "$bin is missing or stale (the build failed before linking it)" >>"$log"
     record "$step" FAIL 0 "not built"
@@ -188,7 +193,9 @@ run_tests() {  # run_tests STEP BINARY LOGFILE [ENV=VALUE GTEST_FILTER]
   fi
   run_step "$log" "${TEST_TIMEOUT:-240}" env "${env_args[@]}" "$bin" --gtest_color=no "${filter_args[@]}"
   local summary
-  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$log" | head -n 3 | tr '\n' ' ')"
+  local from=1  # an appended run: its own lines only
+  [[ ${#env_args[@]} -gt 0 ]] && from="$(grep -n "^=== ${env_args[0]}\$" "$log" | tail -n 1 | cut -d: -f1)"
+  summary="$(tail -n +"${from:-1}" "$log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' | head -n 3 | tr '\n' ' ')"
   if [[ $STEP_RC -eq 0 ]]; then
     record "$step" PASS "$STEP_SECONDS" "$summary"
   else
@@ -200,7 +207,7 @@ run_tests gpu_tests "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt"
 # Quantised caches take the token fill wherever their parts are aligned; the warp-per-key fill
 # (unaligned layouts, and OPENMLA_SPARSE_FILL=keys) is tested for every format here.
 if [[ -z "${GTEST_FILTER:-}" ]]; then
-  run_tests gpu_tests_keys_fill "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests_keys_fill.txt" \
+  run_tests gpu_tests_keys_fill "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_FILL=keys 'Sparse*:DenseDecodeKVCache*'
 fi
 
