@@ -5,7 +5,8 @@
 #   OUT=/some/dir tools/device_check.sh   (default OUT: build-device-out/)
 #
 # The device has no network: the CUTLASS headers must already be in .deps/ (tools/fetch_cutlass.py
-# run elsewhere) or CUTLASS_DIR must point at them; nothing is fetched here.
+# run elsewhere) or CUTLASS_DIR must point at them; nothing is fetched here. transformers (for the
+# integration tests) comes from .pydeps/ when present (tools/pack_device_pydeps.sh).
 #
 # Writes at most 8 files into $OUT (the device tool returns 8):
 #   summary.txt    versions, then PASS/FAIL/SKIP per step as each finishes
@@ -253,6 +254,13 @@ else
     cp "$ROOT"/python/openmla/*.py "$PKG/openmla/" && cp "${ext[0]}" "$PKG/openmla/"
     mkdir -p "$PKG/openmla/integrations" && cp "$ROOT"/python/openmla/integrations/*.py "$PKG/openmla/integrations/"
     export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    # transformers for the integration tests, packed by tools/pack_device_pydeps.sh (the image
+    # has no transformers; without the archive those tests skip, saying so).
+    if [[ -f "$ROOT/.pydeps/tf-site-py312.tar.xz" ]]; then
+      rm -rf "$BUILD_DIR/pydeps" && mkdir -p "$BUILD_DIR/pydeps" &&
+        tar xJf "$ROOT/.pydeps/tf-site-py312.tar.xz" -C "$BUILD_DIR/pydeps" &&
+        export PYTHONPATH="$PYTHONPATH:$(cd "$BUILD_DIR/pydeps/site" && pwd)"
+    fi
     # The extension segfaulted here in libstdc++ number formatting (2026-12-02, NOTES of issue 4):
     # record what it links and whether it carries libstdc++ code of its own.
     {
