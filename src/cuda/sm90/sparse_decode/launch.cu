@@ -31,10 +31,7 @@ bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
 }
-bool bf16_cp_async() {
-  const char* v = std::getenv("OPENMLA_SPARSE_BF16_CP_ASYNC");
-  return !(v != nullptr && v[0] == '0' && v[1] == '\0');
-}
+bool bf16_cp_async() { return !env_is("OPENMLA_SPARSE_BF16_CP_ASYNC", "0"); }
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -136,24 +133,23 @@ Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c)
     end += info.rope_bytes;
   }
   const int64_t bytes = (end - l.data_offset + 15) / 16 * 16;
-  const bool aligned = reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 &&
-                       l.block_stride % 16 == 0 && l.data_offset % 16 == 0 &&
-                       l.data_stride % 16 == 0;
-  c->prefetch_bytes = aligned && !env_is("OPENMLA_SPARSE_PREFETCH", "0") ? static_cast<int>(bytes) : 0;
-  // bf16 keys need no decoding: cp.async can copy them into the stage (16 B pieces, so the rows
-  // must be 16 B aligned).
-  c->async_copy = l.format == KVFormat::kBF16 && aligned && bf16_cp_async();
-  // The token fill loads a key's data and RoPE parts in 16 B pieces and its scales in 4 B
-  // (fp8_model1) or 16 B (fp8_v32, fp8_mx, fp4) pieces. (bf16 keys by cp.async take the
-  // warp-per-key fill: a quarter-key a thread was slower for them, each lane's copies touching
-  // lines of their own.)
+  // A part (offset, stride) of every token in every block starts on a `to`-byte boundary.
   auto aligned_to = [&](int64_t offset, int64_t stride, int to) {
     return reinterpret_cast<uintptr_t>(cache.data) % to == 0 && l.block_stride % to == 0 &&
            offset % to == 0 && stride % to == 0;
   };
+  const bool aligned = aligned_to(l.data_offset, l.data_stride, 16);
+  c->prefetch_bytes =
+      aligned && !env_is("OPENMLA_SPARSE_PREFETCH", "0") ? static_cast<int>(bytes) : 0;
+  // bf16 keys need no decoding: cp.async can copy them into the stage (16 B pieces, so the rows
+  // must be 16 B aligned).
+  c->async_copy = l.format == KVFormat::kBF16 && aligned && bf16_cp_async();
+  // The token fill loads a key's data and RoPE parts in 16 B pieces and its scales in 8 B
+  // (fp8_model1) or 16 B (fp8_v32, fp8_mx, fp4) pieces. (bf16 keys by cp.async take the
+  // warp-per-key fill: a quarter-key a thread was slower for them, each lane's copies touching
+  // lines of their own.)
   const int scale_align = l.format == KVFormat::kFP8_Model1 ? 8 : 16;
-  c->by_token = info.quantized() && !env_is("OPENMLA_SPARSE_FILL", "keys") &&
-                aligned_to(l.data_offset, l.data_stride, 16) &&
+  c->by_token = info.quantized() && !env_is("OPENMLA_SPARSE_FILL", "keys") && aligned &&
                 aligned_to(l.scale_offset, l.scale_stride, scale_align) &&
                 (info.rope_bytes == 0 || aligned_to(l.rope_offset, l.rope_stride, 16));
   return Status::Ok();
