@@ -192,7 +192,7 @@ def run_case(fmt, b, s_q, h_q, topk, *, region=32768, page=64, extra=None, round
     return res
 
 
-def prefill_rows(rounds: int, copy_gbs: float, quick: bool) -> None:
+def prefill_rows(rounds: int, copy_gbs: float, quick: bool, cache_only: bool = False) -> None:
     """Sparse prefill side by side (bf16 kv), then prefill straight from an FP8 cache against what
     an engine does today without it: convert the cache to bf16, then the bf16 prefill."""
     print("\nsparse prefill, s_q 4096: kernel-only µs (TFLOP/s = 2 s_q h_q topk (d_qk + 512))")
@@ -203,6 +203,8 @@ def prefill_rows(rounds: int, copy_gbs: float, quick: bool) -> None:
     grid += [(512, 64, 512, 32768), (512, 128, 1024, 32768)]
     if quick:
         grid = grid[:2]
+    if cache_only:
+        grid = []
     ratios = []
     for d, h, topk, s_kv in grid:
         gen = torch.Generator(device=DEV).manual_seed(d + h + topk + s_kv)
@@ -262,6 +264,10 @@ def main(argv) -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="a few rows only")
     ap.add_argument("--only", choices=["decode", "prefill"], default=None)
+    ap.add_argument("--rows", choices=["all", "compared", "small-batch"], default="all",
+                    help="for A/B runs of a switch: decode's rows with a FlashMLA column (and, "
+                         "with --only prefill, only the rows from an FP8 cache), or decode's "
+                         "small-batch rows")
     args = ap.parse_args(argv)
     name = torch.cuda.get_device_name()
     copy_gbs, gemm = ceilings()
@@ -269,7 +275,7 @@ def main(argv) -> int:
           f"bf16 GEMM {gemm:.0f} TFLOP/s; kernel-only µs, L2 flushed, median of {args.rounds}; "
           f"FlashMLA {'present' if peer is not None else 'absent'}")
     if args.only == "prefill":
-        prefill_rows(args.rounds, copy_gbs, args.quick)
+        prefill_rows(args.rounds, copy_gbs, args.quick, args.rows == "compared")
         return 0
     print("| cache | b | s_q | h_q | topk | OpenMLA µs | TFLOP/s | GB/s | FlashMLA µs | speedup "
           "| note |")
@@ -290,13 +296,16 @@ def main(argv) -> int:
     ratios = []
     grid = [(f, b, h, s) for f in ("fp8_v32", "fp8_model1") for b in (64, 128) for h in (64, 128)
             for s in (1, 2)]
+    if args.rows == "small-batch":
+        grid = []
     if args.quick:
         grid = [("fp8_v32", 128, 128, 1), ("fp8_model1", 64, 64, 2)]
     for f, b, h, s in grid:
         r = row(f, b, s, h, 2048)
         if r["peer_us"]:
             ratios.append(r["peer_us"] / r["us"])
-    for h in (64, 128):  # FlashMLA's V4 case: topk 128 on page 256 + extra topk 1024 on page 64
+    for h in (64, 128) if args.rows != "small-batch" else ():
+        # FlashMLA's V4 case: topk 128 on page 256 + extra topk 1024 on page 64
         r = row("fp8_model1", 128, 2, h, 128, "V4: + extra fp8_model1 topk 1024 page 64",
                 page=256, region=16384, extra=("fp8_model1", 1024, 64, 16384))
         if r["peer_us"]:
@@ -305,8 +314,10 @@ def main(argv) -> int:
         gm = statistics.geometric_mean(ratios)
         print(f"\ngeometric mean speedup over FlashMLA on the {len(ratios)} compared rows: "
               f"{gm:.3f}x (min {min(ratios):.2f}, max {max(ratios):.2f})")
+    if args.rows == "compared":
+        return 0
     print()
-    for fmt in ("fp8_v32", "fp8_model1", "fp8_mx", "fp4", "bf16"):
+    for fmt in ("fp8_v32", "fp8_model1", "fp8_mx", "fp4", "bf16") if args.rows == "all" else ():
         for h in (8, 16, 32, 64, 128):
             if args.quick and h not in (16, 128):
                 continue
@@ -315,6 +326,8 @@ def main(argv) -> int:
     for b in (1, 4, 8):  # the small-batch serving rows (tensor parallelism: 16 heads)
         row("fp8_v32", b, 1, 16, 2048)
         row("fp8_model1", b, 1, 16, 2048)
+    if args.rows == "small-batch":
+        return 0
     print("\nbatch-invariant mode (no split-KV) against the default plan, fp8_v32, h_q 16/128, "
           "s_q 1, topk 2048")
     print("| b | h_q | default µs | batch_invariant µs | cost |")

@@ -410,6 +410,62 @@ TEST(SparseDecodeSmall, Sanitizer) {
   }
 }
 
+// h_q 96 and 128 over quantised caches run as CTA pairs (a 2-CTA cluster: each CTA decodes half
+// of every tile into both CTAs' shared memory). Against the CPU, and bit for bit against the same
+// launch with the pair off (OPENMLA_SPARSE_PAIR=0): the pair changes who decodes, not what.
+// Small, so memcheck runs it too.
+TEST(SparseDecodeSmall, CtaPairMatchesUnpaired) {
+  uint64_t seed = 6500;
+  for (CacheSpec s : {spec(KVFormat::kFP8_V32), spec(KVFormat::kFP8_Model1),
+                      spec(KVFormat::kFP8_MX), spec(KVFormat::kFP4)}) {
+    for (bool interleaved : {false, true}) {
+      s.interleaved = interleaved;
+      s.page = interleaved ? 16 : 64;
+      s.num_blocks = interleaved ? 12 : 4;
+      Case c;
+      c.cache = s;
+      c.b = interleaved ? 3 : 1;  // several splits a token, and one
+      c.s_q = interleaved ? 1 : 2;
+      c.h_q = interleaved ? 96 : 128;
+      c.topk = interleaved ? 150 : 320;
+      c.topk_length = interleaved;
+      c.sink = interleaved ? Sink::kMixed : Sink::kNone;
+      const int d_qk = kv_format_info(s.format, s.d_qk).d_qk;
+      if (d_qk == 512 && !interleaved) {  // V4: a second cache of the same format in the pair
+        CacheSpec e = spec(s.format, 512);
+        e.page = 32;
+        e.num_blocks = 4;
+        c.extra = e;
+        c.extra_topk = 90;
+        c.extra_topk_length = true;
+      }
+      c.seed = seed++;
+      check(c);
+      SCOPED_TRACE(c.name());
+      Problem p(c);
+      auto run = [&](const char* pair) {
+        setenv("OPENMLA_SPARSE_PAIR", pair, 1);
+        const Status st = sparse_decode(p.gpu);
+        unsetenv("OPENMLA_SPARSE_PAIR");
+        EXPECT_TRUE(st.ok()) << st.message();
+        synchronize();
+        HostTensor out = same_layout(p.out), lse = same_layout(p.lse);
+        copy_to_host(p.d_out, &out);
+        copy_to_host(p.d_lse, &lse);
+        std::vector<double> v = out.values(), l = lse.values();
+        v.insert(v.end(), l.begin(), l.end());
+        return v;
+      };
+      const std::vector<double> paired = run("1"), apart = run("0");
+      int64_t differ = 0;
+      for (size_t k = 0; k < paired.size(); ++k) {
+        differ += !(paired[k] == apart[k] || (paired[k] != paired[k] && apart[k] != apart[k]));
+      }
+      EXPECT_EQ(differ, 0) << "outputs that differ between the paired and unpaired launches";
+    }
+  }
+}
+
 // batch_invariant: request 0 decoded alone (a batch of 1, which would split over many SMs) and
 // inside a batch of 64 (which would not) gives the same bits; and it still matches the CPU.
 TEST(SparseDecode, BatchInvariantMode) {

@@ -12,7 +12,9 @@
 //        running max, P = exp(S - m) to registers and to shared memory with O's row factors;
 //        O_L *= factor; O_L += P V_L (issued, completed under the next QK^T)
 //   WG1: P and the factors from shared memory; O_R *= factor; O_R += P V_R
-// A stage goes back to the producer once both warpgroups' wgmmas on it are done. A split that is
+// A stage goes back to the producer once both warpgroups' wgmmas on it are done. With a CTA pair
+// (h_q 128 and other even m-block counts over quantised caches: pair.cuh) each CTA's producer
+// decodes half of every tile into both CTAs' stages. A split that is
 // the problem's only one writes out (bf16, attention sink applied) and lse; otherwise its
 // normalised fp32 partial and lse go to the workspace for the combine kernel (launch.cu).
 #pragma once
@@ -80,6 +82,23 @@ __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
       *reinterpret_cast<uint4*>(base + (ch / 8) * Traits::kPieceBytes +
                                 swizzled_offset(row, ch % 8)) = v[e];
     }
+  }
+}
+
+// A stage's full barrier; with a CTA pair the peer's producer arrives on it too (pair.cuh).
+__device__ __forceinline__ void wait_full(uint64_t* full, int phase, bool pair) {
+  if (pair) {
+    wait_cluster(full, static_cast<uint32_t>(phase));
+  } else {
+    cutlass::arch::ClusterBarrier::wait(full, phase);
+  }
+}
+// A compute warp is done with a stage: lane 0 arrives on its empty barrier (and the peer's: the
+// peer's producer writes into this CTA's stage too).
+__device__ __forceinline__ void release_stage(uint64_t* empty, int lane, bool pair) {
+  if (lane == 0) {
+    cutlass::arch::ClusterBarrier::arrive(empty);
+    if (pair) arrive_peer(peer_addr(smem_u32(empty), cluster_rank() ^ 1u));
   }
 }
 
@@ -159,7 +178,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     const float max_thr = 8.f / sl2;
     for (int kk = 0; kk < n_tiles; ++kk) {
       const int stage = kk & 1;
-      cutlass::arch::ClusterBarrier::wait(&smem.full[stage], (kk >> 1) & 1);
+      wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
       // S = Q K^T. The previous tile's PV (issued before it) completes first: its stage goes back
       // to the producer while this QK^T still runs, so the next fill starts a QK^T earlier.
       warpgroup_fence_operand(tSrS);
@@ -173,7 +192,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       warpgroup_commit_batch();
       if (kk > 0) {
         warpgroup_wait<1>();
-        release_part(&smem.empty[stage ^ 1], lane);
+        release_stage(&smem.empty[stage ^ 1], lane, p.pair);
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
@@ -223,14 +242,14 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     for (int kk = 0; kk < n_tiles; ++kk) {
       const int stage = kk & 1;
       bar_sync(stage == 0 ? kBarP0 : kBarP1, 256);
-      cutlass::arch::ClusterBarrier::wait(&smem.full[stage], (kk >> 1) & 1);
+      wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
       load_p(p_buffer<Traits>(smem, stage), tOrP, t);
       const float2 f = smem.rescale[stage][t];
       const float factor[2] = {f.x, f.y};
       rescale_rows_if(O, factor);
       gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
       wait_pv(tOrO, tOrP);
-      release_part(&smem.empty[stage], lane);
+      release_stage(&smem.empty[stage], lane, p.pair);
     }
   }
   bar_sync(kBarEpi, 256);
@@ -329,6 +348,28 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 
 }  // namespace sparse_decode_detail
 
+// The token fill built for the grid's one quantised format (params.fill_codec), or reading the
+// format at run time (-1: the caches differ, or OPENMLA_SPARSE_FILL=generic; never paired).
+template <class Traits, bool kPair>
+__device__ __forceinline__ void produce_quantised(const SparseDecodeParams& p,
+                                                  typename Traits::SharedStorage& smem,
+                                                  int problem, int split) {
+  using namespace sparse_decode_detail;
+  using kvcodec::Codec;
+  constexpr int kV32 = static_cast<int>(Codec::kFP8_V32), kModel1 = static_cast<int>(Codec::kFP8_Model1);
+  constexpr int kMX = static_cast<int>(Codec::kFP8_MX), kFP4 = static_cast<int>(Codec::kFP4);
+  if constexpr (Traits::kHeadDimQK == 576) {
+    if (p.fill_codec == kV32) return produce_by_token<Traits, kPair, kV32>(p, smem, problem, split);
+  } else {
+    if (p.fill_codec == kModel1) {
+      return produce_by_token<Traits, kPair, kModel1>(p, smem, problem, split);
+    }
+    if (p.fill_codec == kMX) return produce_by_token<Traits, kPair, kMX>(p, smem, problem, split);
+    if (p.fill_codec == kFP4) return produce_by_token<Traits, kPair, kFP4>(p, smem, problem, split);
+  }
+  if constexpr (!kPair) produce_by_token<Traits, false, -1>(p, smem, problem, split);
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     sparse_decode_kernel(const __grid_constant__ SparseDecodeParams params) {
@@ -339,22 +380,30 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   Storage& smem =
       *reinterpret_cast<Storage*>(smem_raw + (((smem_base + 1023u) & ~1023u) - smem_base));
   const int m_block = blockIdx.x, split = blockIdx.y, problem = params.problem0 + blockIdx.z;
+  const bool pair = params.pair;  // a 2-CTA cluster sharing each tile's decoding (pair.cuh)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
-      cutlass::arch::ClusterBarrier::init(&smem.full[s], 4);   // lane 0 of the 4 producer warps
-      cutlass::arch::ClusterBarrier::init(&smem.empty[s], 8);  // lane 0 of the 8 compute warps
+      // lane 0 of the 4 producer warps and of the 8 compute warps (of each CTA of a pair)
+      cutlass::arch::ClusterBarrier::init(&smem.full[s], pair ? 8 : 4);
+      cutlass::arch::ClusterBarrier::init(&smem.empty[s], pair ? 16 : 8);
     }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  if (pair) {
+    cluster_sync();  // the peer's barriers exist before anything arrives on them
+  } else {
+    __syncthreads();
+  }
   // The combine grid may launch now; it waits for this grid to finish before reading partials.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (params.by_token) {
-      produce_by_token<Traits>(params, smem, problem, split);
+    if (pair) {
+      produce_quantised<Traits, true>(params, smem, problem, split);
+    } else if (params.by_token) {
+      produce_quantised<Traits, false>(params, smem, problem, split);
     } else {
       produce<Traits>(params, smem, problem, split);
     }
@@ -365,6 +414,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cutlass::arch::warpgroup_reg_alloc<Traits::kWg0Registers>();
     consume<Traits>(params, smem, 0, m_block, split, problem);
   }
+  if (pair) cluster_sync();  // the peer may still arrive on this CTA's barriers until here
 }
 
 template <int kHeadDimQK, bool kDense>
@@ -380,6 +430,15 @@ cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaSt
   config.blockDim = dim3(Traits::kNumThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  if (params.pair) {  // m-blocks 2c and 2c + 1 as one cluster (pair.cuh)
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = 2;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 

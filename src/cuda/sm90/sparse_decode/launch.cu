@@ -18,7 +18,7 @@ namespace {
 constexpr int kKeysPerTile = 64;
 // Splits of one token: enough to fill every SM even for one CTA a token (b 1 over a long dense
 // context); the wave model below picks fewer where that does not pay.
-constexpr int kMaxSplits = 256;
+constexpr int kMaxSplits = kSparseMaxSplits;
 constexpr size_t kAlign = 256;
 
 // bf16 keys by cp.async straight into the stage (producer.cuh) instead of through registers:
@@ -247,6 +247,17 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
                                            cudaGetErrorString(err), ")"));
   };
   p.by_token = p.cache[0].by_token && (p.topk[1] == 0 || p.cache[1].by_token);
+  // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
+  // the dense mode's packed rows). OPENMLA_SPARSE_PAIR=0 (read at every launch) runs the CTAs
+  // apart, for A/B runs.
+  // The token fill is built once per quantised format (no branches over the others); a grid
+  // whose two caches differ in format, or OPENMLA_SPARSE_FILL=generic (A/B runs), takes the
+  // fill that reads the format at run time.
+  const bool one_codec = p.topk[1] == 0 || p.cache[1].codec == p.cache[0].codec;
+  p.fill_codec = p.by_token && one_codec && !env_is("OPENMLA_SPARSE_FILL", "generic")
+                     ? p.cache[0].codec
+                     : -1;
+  p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0");
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =
@@ -257,6 +268,8 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
     if (err != cudaSuccess) return failed(err);
   }
   if (p.num_splits > 1) {
+    // OPENMLA_SPARSE_COMBINE=serial (read at every launch): the first combine, for A/B runs.
+    p.serial_combine = env_is("OPENMLA_SPARSE_COMBINE", "serial");
     for (p.token0 = 0; p.token0 < p.tokens; p.token0 += 65535) {
       if (const cudaError_t err = launch_sparse_decode_combine(p, stream); err != cudaSuccess) {
         return failed(err);

@@ -6,6 +6,10 @@
 
 namespace openmla::cuda::sm90 {
 
+// The most splits a query token's key list is cut into (launch.cu's planner; the combine keeps
+// one weight a split in shared memory).
+constexpr int kSparseMaxSplits = 256;
+
 // One paged cache as the producer warps read it (all in bytes; kv_format.h's KVLayout).
 struct SparseCacheParams {
   const uint8_t* base = nullptr;
@@ -77,6 +81,11 @@ struct SparseDecodeParams {
   float scale;          // softmax scale
   float scale_log2;     // scale * log2(e)
   bool by_token;        // every cache the grid reads takes the token fill (producer.cuh)
+  int fill_codec;       // by_token: the caches' one kvcodec::Codec, for a fill built for it; -1:
+                        // the fill reads each cache's codec at run time
+  bool serial_combine;  // the combine walks the splits one at a time (A/B runs; combine.cu)
+  bool pair;            // by_token, one codec, m_blocks even: 2-CTA clusters share the decoding
+                        // (pair.cuh)
 };
 
 }  // namespace openmla::cuda::sm90

@@ -14,6 +14,7 @@
 
 #include "cuda/common/kv_codec.cuh"
 #include "cuda/sm90/attention/primitives.cuh"
+#include "cuda/sm90/sparse_decode/pair.cuh"
 #include "cuda/sm90/sparse_decode/params.h"
 
 namespace openmla::cuda::sm90 {
@@ -391,9 +392,17 @@ struct TokenRaw {
                   // fp4 32 e4m3
 };
 
-template <int D>
+// kCodec: the cache's kvcodec::Codec when the fill is built for one format (one loop a format:
+// no branches over the others, less code), -1 to read it from the cache at run time.
+template <int kCodec>
+__device__ __forceinline__ int codec_of(const SparseCacheParams& c) {
+  return kCodec >= 0 ? kCodec : c.codec;
+}
+
+template <int D, int kCodec>
 __device__ __forceinline__ void load_token(const SparseCacheParams& c, int slot, int q,
                                            TokenRaw& t) {
+  const int codec = codec_of<kCodec>(c);
   int block, offset;
   block_offset(c, slot, &block, &offset);
   const uint8_t* tok = c.base + static_cast<int64_t>(block) * c.block_stride;
@@ -409,13 +418,13 @@ __device__ __forceinline__ void load_token(const SparseCacheParams& c, int slot,
 #pragma unroll
     for (int e = 0; e < 8; ++e) t.d[e] = __ldg(d + 4 * e);
     scales16(0);
-  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {  // 448 data bytes, 7 e8m0
+  } else if (codec == static_cast<int>(Codec::kFP8_Model1)) {  // 448 data bytes, 7 e8m0
 #pragma unroll
     for (int e = 0; e < 7; ++e) t.d[e] = __ldg(d + 4 * e);
     const uint2 sc = __ldg(reinterpret_cast<const uint2*>(scale));
     t.s[0] = sc.x;
     t.s[1] = sc.y;
-  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {  // 16 e8m0 (one per 32 dims)
+  } else if (codec == static_cast<int>(Codec::kFP8_MX)) {  // 16 e8m0 (one per 32 dims)
 #pragma unroll
     for (int e = 0; e < 8; ++e) t.d[e] = __ldg(d + 4 * e);
     scales16(0);
@@ -427,21 +436,42 @@ __device__ __forceinline__ void load_token(const SparseCacheParams& c, int slot,
   }
 }
 
+// Where a thread's decoded rows go: the stage, and (kPair) the peer CTA's copy of it at the
+// same offsets (a shared::cluster address, pair.cuh).
+struct StageDst {
+  char* local;
+  uint32_t peer;
+};
 // 16 bf16 dims (8 words) into chunks `chunk`, `chunk` + 1 of row `row` of piece `piece`.
-__device__ __forceinline__ void store_16(char* stage, int piece, int row, int chunk,
+template <bool kPair>
+__device__ __forceinline__ void store_16(const StageDst& dst, int piece, int row, int chunk,
                                          const uint32_t (&v)[8]) {
-  char* base = stage + piece * 8192 + row * 128;
-  *reinterpret_cast<uint4*>(base + ((chunk ^ (row & 7)) << 4)) = make_uint4(v[0], v[1], v[2], v[3]);
-  *reinterpret_cast<uint4*>(base + (((chunk + 1) ^ (row & 7)) << 4)) =
-      make_uint4(v[4], v[5], v[6], v[7]);
+  const int off = piece * 8192 + row * 128;
+  const int o0 = off + ((chunk ^ (row & 7)) << 4), o1 = off + (((chunk + 1) ^ (row & 7)) << 4);
+  const uint4 lo = make_uint4(v[0], v[1], v[2], v[3]), hi = make_uint4(v[4], v[5], v[6], v[7]);
+  if constexpr (kPair) {  // shared-window stores by address (generic ones cost 64-bit registers)
+    const uint32_t local = smem_u32(dst.local);
+    st_local(local + o0, lo);
+    st_local(local + o1, hi);
+    st_peer(dst.peer + o0, lo);
+    st_peer(dst.peer + o1, hi);
+  } else {
+    *reinterpret_cast<uint4*>(dst.local + o0) = lo;
+    *reinterpret_cast<uint4*>(dst.local + o1) = hi;
+  }
+  if constexpr (false) {
+    st_peer(dst.peer + o0, lo);
+    st_peer(dst.peer + o1, hi);
+  }
 }
 // The key's 32 B of RoPE (bf16 dims 16 q .. 16 q + 15 of the RoPE piece) by cp.async; zeros for
 // an invalid key (nothing read).
-template <int D>
+template <int D, int kCodec>
 __device__ __forceinline__ void copy_rope_async(const SparseCacheParams& c, int slot, bool ok,
                                                 int q, char* stage, int row) {
-  if (c.codec != static_cast<int>(Codec::kFP8_V32) &&
-      c.codec != static_cast<int>(Codec::kFP8_Model1)) {
+  const int codec = codec_of<kCodec>(c);
+  if (codec != static_cast<int>(Codec::kFP8_V32) &&
+      codec != static_cast<int>(Codec::kFP8_Model1)) {
     return;
   }
   const uint8_t* rope = c.base;
@@ -460,26 +490,27 @@ __device__ __forceinline__ void copy_rope_async(const SparseCacheParams& c, int 
 // (never loaded): zero codes times a zero (or e8m0 2^-127) scale decode to zeros, so no select.
 // A quarter-warp's 8 lanes are 2 keys (rows of different parity) x 4 quarters: 8 different
 // 16 B bank groups a store.
-template <int D>
+template <int D, int kCodec, bool kPair>
 __device__ __forceinline__ void store_token(const SparseCacheParams& c, const TokenRaw& t, int q,
-                                            char* stage, int row) {
+                                            const StageDst& stage, int row) {
+  const int codec = codec_of<kCodec>(c);
   uint32_t v[8];
   auto fp8_chunk = [&](int e, float scale) {  // dims 64 e + 16 q .. + 15: piece e
     RawKey r;
     r.w[0] = t.d[e].x, r.w[1] = t.d[e].y, r.w[2] = t.d[e].z, r.w[3] = t.d[e].w;
     e4m3x16_to_bf16(r, scale, v);
-    store_16(stage, e, row, 2 * q, v);
+    store_16<kPair>(stage, e, row, 2 * q, v);
   };
   auto byte_of = [](uint32_t w, int i) { return (w >> (8 * i)) & 0xFFu; };
   if constexpr (D == 576) {  // fp8_v32: float scale e / 2
 #pragma unroll
     for (int e = 0; e < 8; ++e) fp8_chunk(e, kvcodec::u2f(t.s[e >> 1]));
-  } else if (c.codec == static_cast<int>(Codec::kFP8_Model1)) {  // e8m0 byte e
+  } else if (codec == static_cast<int>(Codec::kFP8_Model1)) {  // e8m0 byte e
 #pragma unroll
     for (int e = 0; e < 7; ++e) {
       fp8_chunk(e, kvcodec::e8m0_to_float(byte_of(t.s[e >> 2], e & 3)));
     }
-  } else if (c.codec == static_cast<int>(Codec::kFP8_MX)) {  // e8m0 byte 2 e + q / 2
+  } else if (codec == static_cast<int>(Codec::kFP8_MX)) {  // e8m0 byte 2 e + q / 2
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       fp8_chunk(e, kvcodec::e8m0_to_float(byte_of(t.s[e >> 1], 2 * (e & 1) + (q >> 1))));
@@ -494,7 +525,7 @@ __device__ __forceinline__ void store_token(const SparseCacheParams& c, const To
         r.w[0] = h == 0 ? t.d[e].x : t.d[e].z;
         r.w[1] = h == 0 ? t.d[e].y : t.d[e].w;
         e2m1x16_to_bf16(r, kvcodec::e4m3_to_float(byte_of(w, 2 * (q & 1) + h)), v);
-        store_16(stage, 2 * e + (q >> 1), row, 4 * (q & 1) + 2 * h, v);
+        store_16<kPair>(stage, 2 * e + (q >> 1), row, 4 * (q & 1) + 2 * h, v);
       }
     }
   }
@@ -513,7 +544,9 @@ __device__ __forceinline__ void prefetch_token_l2(const SparseCacheParams& c, in
   }
 }
 
-template <class Traits>
+// kPair (pair.cuh): this CTA decodes only round `rank` of each tile (32 keys) and stores it into
+// both CTAs' stages; the RoPE copies (cp.async, local only) still cover both rounds.
+template <class Traits, bool kPair, int kCodec>
 __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
                                                  typename Traits::SharedStorage& smem, int problem,
                                                  int split) {
@@ -523,6 +556,7 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
   const int row0 = 8 * warp + (lane >> 2);
   const Problem keys = problem_of<Traits::kDense>(p, problem);
   const int2 range = split_tiles<Traits::kDense>(p, keys, split);
+  const int rank = kPair ? static_cast<int>(cluster_rank()) : 0;
   auto slot_at = [&](int k, int r) {
     if (k >= range.y) return -1;
     return slot_of<Traits::kDense>(p, tile_at(keys, k), keys, row0 + 32 * r);
@@ -539,16 +573,19 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
     const int after0 = slot_at(k + 2, 0), after1 = slot_at(k + 2, 1);
     const Tile tile = tile_at(keys, k);
     const SparseCacheParams& c = p.cache[tile.cache];
-    char* dst = reinterpret_cast<char*>(smem.k[stage]);
+    StageDst dst;
+    dst.local = reinterpret_cast<char*>(smem.k[stage]);
+    dst.peer = kPair ? peer_addr(smem_u32(dst.local), rank ^ 1) : 0u;
     // One round (32 keys) in flight at a time: the other round's raw bytes do not fit the
-    // producer's registers on top of them (ptxas spills), hence `unroll 1`.
+    // producer's registers on top of them (ptxas spills), hence `unroll 1`. A pair's CTA does
+    // one round.
 #pragma unroll 1
-    for (int r = 0; r < 2; ++r) {
+    for (int r = kPair ? rank : 0; r < (kPair ? rank + 1 : 2); ++r) {
       const int slot = r == 0 ? slot0 : slot1;
       const bool ok = slot >= 0 && slot < c.num_slots;
       TokenRaw t;
       if (ok) {
-        load_token<D>(c, slot, q, t);
+        load_token<D, kCodec>(c, slot, q, t);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -556,29 +593,44 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
           t.s[e] = 0u;
         }
       }
-      if (r == 0) {
-        // The next tile's keys into L2 while this tile's loads are in flight.
+      if (kPair || r == 0) {
+        // The next tile's keys (this CTA's) into L2 while this tile's loads are in flight.
         if (k + 1 < range.y) {
           const SparseCacheParams& cn = p.cache[tile_at(keys, k + 1).cache];
-          prefetch_token_l2(cn, next0, q);
-          prefetch_token_l2(cn, next1, q);
+          if (!kPair || r == 0) prefetch_token_l2(cn, next0, q);
+          if (!kPair || r == 1) prefetch_token_l2(cn, next1, q);
         }
-        // The stage is free once both compute warpgroups are done with its previous tile.
+        // The stage is free once both compute warpgroups (of both CTAs) are done with its
+        // previous tile.
         cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
       }
-      copy_rope_async<D>(c, slot, ok, q, dst, row0 + 32 * r);
-      store_token<D>(c, t, q, dst, row0 + 32 * r);
+      if constexpr (kPair) {
+        const int other = r == 0 ? slot1 : slot0;
+        copy_rope_async<D, kCodec>(c, other, other >= 0 && other < c.num_slots, q, dst.local,
+                           row0 + 32 * (r ^ 1));
+      }
+      copy_rope_async<D, kCodec>(c, slot, ok, q, dst.local, row0 + 32 * r);
+      store_token<D, kCodec, kPair>(c, t, q, dst, row0 + 32 * r);
       // Key j's bit is lane 4 j's: gathered into bits 0 .. 7.
       uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
       mask = (mask | (mask >> 3)) & 0x03030303u;
       mask = (mask | (mask >> 6)) & 0x000F000Fu;
       mask = (mask | (mask >> 12)) & 0xFFu;
-      if (lane == 0) smem.valid[stage][4 * r + warp] = static_cast<uint8_t>(mask);
+      if (lane == 0) {
+        smem.valid[stage][4 * r + warp] = static_cast<uint8_t>(mask);
+        if constexpr (kPair) {
+          st_peer_u8(peer_addr(smem_u32(&smem.valid[stage][4 * r + warp]), rank ^ 1), mask);
+        }
+      }
     }
     fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
+    if constexpr (kPair) fence_async_cluster();  // and those into the peer's stage
     cp_async_track(smem.full[stage]);  // and the RoPE copies land before the stage is full
     __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+    if (lane == 0) {
+      cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+      if constexpr (kPair) arrive_peer(peer_addr(smem_u32(&smem.full[stage]), rank ^ 1));
+    }
     slot0 = next0;
     slot1 = next1;
     next0 = after0;
