@@ -89,6 +89,7 @@ __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
 __device__ __forceinline__ void wait_full(uint64_t* full, int phase, bool pair) {
   if (pair) {
     wait_cluster(full, static_cast<uint32_t>(phase));
+    fence_async_smem();  // the peer's st.async rows (generic proxy) before wgmma reads them
   } else {
     cutlass::arch::ClusterBarrier::wait(full, phase);
   }
@@ -199,7 +200,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       warpgroup_fence_operand(tOrO);
       // Keys the producer found invalid (or past the list's count) never count, nor keys past
       // a row's causal limit (dense mode, s_q > 1).
-      const uint64_t valid = *reinterpret_cast<const volatile uint64_t*>(smem.valid[stage]);
+      const uint4 v0 = reinterpret_cast<const uint4*>(smem.valid[stage])[0];
+      const uint4 v1 = reinterpret_cast<const uint4*>(smem.valid[stage])[1];
+      const uint64_t valid =
+          (v0.x | v0.y << 8 | v0.z << 16 | v0.w << 24) |
+          static_cast<uint64_t>(v1.x | v1.y << 8 | v1.z << 16 | v1.w << 24) << 32;
       const int pos0 = 64 * (range.x + kk);
       const bool cut_rows = kDense && first_limit - pos0 < 64;
       if (valid != ~0ull || cut_rows) {
@@ -384,8 +389,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
-      // lane 0 of the 4 producer warps and of the 8 compute warps (of each CTA of a pair)
-      cutlass::arch::ClusterBarrier::init(&smem.full[s], pair ? 8 : 4);
+      // lane 0 of the 4 producer warps and of the 8 compute warps (of both CTAs of a pair)
+      cutlass::arch::ClusterBarrier::init(&smem.full[s], 4);  // (a pair's peer: bytes, pair.cuh)
       cutlass::arch::ClusterBarrier::init(&smem.empty[s], pair ? 16 : 8);
     }
     cutlass::arch::fence_barrier_init();

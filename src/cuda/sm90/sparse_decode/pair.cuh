@@ -1,15 +1,17 @@
 // The CTA pair of the sparse decode kernel (a 2-CTA cluster; SparseDecodeParams::pair): the two
 // CTAs serve m-blocks 2c and 2c + 1 of one problem (h_q 128: the two head halves of a query
 // token), which read the same keys. Each CTA's producer gathers and dequantises half of every
-// tile (CTA rank r: keys 32 r .. 32 r + 31) and stores the bf16 rows into both CTAs' stages
-// (distributed shared memory), so a tile is decoded once, not twice. The protocol:
-//   full[s]:  8 arrivals, the 4 producer warps of each CTA (the peer's by a release.cluster
-//             arrive after its remote stores and an async-proxy fence); consumers wait with
-//             acquire.cluster semantics, then wgmma reads the stage.
+// tile (CTA rank r: keys 32 r .. 32 r + 31) and stores the bf16 rows into its own stage and,
+// by st.async, into the peer's (distributed shared memory), so a tile is decoded once, not twice.
+// The protocol:
+//   full[s]:  4 arrivals (this CTA's producer warps), each also expecting the bytes the peer's
+//             warp of the same number sends this tile; the peer's st.async stores complete them
+//             (complete_tx). Consumers wait with acquire.cluster semantics and a proxy fence
+//             before wgmma reads the stage.
 //   empty[s]: 16 arrivals, the 8 compute warps of each CTA (each releases both CTAs' copies of
 //             the stage): a producer writes into the peer's stage only once the peer is done.
 //   Both CTAs sync as a cluster after the barriers are initialised and before they exit (no CTA
-//   leaves while its peer may still arrive on its barriers).
+//   leaves while its peer may still arrive on its barriers or store into its stages).
 #pragma once
 
 #include <cstdint>
@@ -31,23 +33,23 @@ __device__ __forceinline__ uint32_t peer_addr(uint32_t local, uint32_t rank) {
   asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
   return r;
 }
-__device__ __forceinline__ void st_peer(uint32_t addr, const uint4& v) {
-  asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x),
-               "r"(v.y), "r"(v.z), "r"(v.w));
+// 16 (or 4) bytes into the peer's shared memory; the store completes its bytes on the peer's
+// barrier at `bar` (shared::cluster), whose phase expects them (mbarrier complete_tx).
+__device__ __forceinline__ void st_async_peer(uint32_t addr, const uint4& v, uint32_t bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+      ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void st_async_peer(uint32_t addr, uint32_t v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               ::"r"(addr), "r"(v), "r"(bar) : "memory");
 }
 __device__ __forceinline__ void st_local(uint32_t addr, const uint4& v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w));
 }
-__device__ __forceinline__ void st_peer_u8(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared::cluster.u8 [%0], %1;" ::"r"(addr), "r"(v));
-}
-// The generic-proxy stores into either CTA's shared memory before wgmma (async proxy) reads them.
-__device__ __forceinline__ void fence_async_cluster() {
-  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
-}
 // One arrival on the barrier at shared::cluster address `addr` (the peer's), releasing this
-// thread's earlier writes at cluster scope.
+// thread's earlier accesses at cluster scope.
 __device__ __forceinline__ void arrive_peer(uint32_t addr) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(addr)
                : "memory");

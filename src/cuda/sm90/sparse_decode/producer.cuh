@@ -440,7 +440,8 @@ __device__ __forceinline__ void load_token(const SparseCacheParams& c, int slot,
 // same offsets (a shared::cluster address, pair.cuh).
 struct StageDst {
   char* local;
-  uint32_t peer;
+  uint32_t peer;      // the peer's stage (shared::cluster)
+  uint32_t peer_bar;  // the peer's full barrier of the stage: st.async completes bytes on it
 };
 // 16 bf16 dims (8 words) into chunks `chunk`, `chunk` + 1 of row `row` of piece `piece`.
 template <bool kPair>
@@ -453,15 +454,11 @@ __device__ __forceinline__ void store_16(const StageDst& dst, int piece, int row
     const uint32_t local = smem_u32(dst.local);
     st_local(local + o0, lo);
     st_local(local + o1, hi);
-    st_peer(dst.peer + o0, lo);
-    st_peer(dst.peer + o1, hi);
+    st_async_peer(dst.peer + o0, lo, dst.peer_bar);
+    st_async_peer(dst.peer + o1, hi, dst.peer_bar);
   } else {
     *reinterpret_cast<uint4*>(dst.local + o0) = lo;
     *reinterpret_cast<uint4*>(dst.local + o1) = hi;
-  }
-  if constexpr (false) {
-    st_peer(dst.peer + o0, lo);
-    st_peer(dst.peer + o1, hi);
   }
 }
 // The key's 32 B of RoPE (bf16 dims 16 q .. 16 q + 15 of the RoPE piece) by cp.async; zeros for
@@ -544,6 +541,14 @@ __device__ __forceinline__ void prefetch_token_l2(const SparseCacheParams& c, in
   }
 }
 
+// The pieces of a key a pair's producer decodes (and sends the peer): the data part's 64-dim
+// pieces (the RoPE piece goes by cp.async in each CTA).
+template <int D, int kCodec>
+constexpr int pair_data_pieces() {
+  static_assert(kCodec >= 0, "a CTA pair needs the fill built for its format");
+  return kCodec == static_cast<int>(Codec::kFP8_Model1) ? 7 : 8;
+}
+
 // kPair (pair.cuh): this CTA decodes only round `rank` of each tile (32 keys) and stores it into
 // both CTAs' stages; the RoPE copies (cp.async, local only) still cover both rounds.
 template <class Traits, bool kPair, int kCodec>
@@ -576,6 +581,7 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
     StageDst dst;
     dst.local = reinterpret_cast<char*>(smem.k[stage]);
     dst.peer = kPair ? peer_addr(smem_u32(dst.local), rank ^ 1) : 0u;
+    dst.peer_bar = kPair ? peer_addr(smem_u32(&smem.full[stage]), rank ^ 1) : 0u;
     // One round (32 keys) in flight at a time: the other round's raw bytes do not fit the
     // producer's registers on top of them (ptxas spills), hence `unroll 1`. A pair's CTA does
     // one round.
@@ -617,19 +623,25 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
       mask = (mask | (mask >> 6)) & 0x000F000Fu;
       mask = (mask | (mask >> 12)) & 0xFFu;
       if (lane == 0) {
-        smem.valid[stage][4 * r + warp] = static_cast<uint8_t>(mask);
+        smem.valid[stage][4 * r + warp] = mask;
         if constexpr (kPair) {
-          st_peer_u8(peer_addr(smem_u32(&smem.valid[stage][4 * r + warp]), rank ^ 1), mask);
+          st_async_peer(peer_addr(smem_u32(&smem.valid[stage][4 * r + warp]), rank ^ 1), mask,
+                        dst.peer_bar);
         }
       }
     }
     fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
-    if constexpr (kPair) fence_async_cluster();  // and those into the peer's stage
     cp_async_track(smem.full[stage]);  // and the RoPE copies land before the stage is full
     __syncwarp();
     if (lane == 0) {
-      cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
-      if constexpr (kPair) arrive_peer(peer_addr(smem_u32(&smem.full[stage]), rank ^ 1));
+      if constexpr (kPair) {
+        // The bytes the peer's warp of the same number sends this tile (its round's 8 keys'
+        // decoded pieces and its mask word, by st.async) complete on this barrier too.
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+            &smem.full[stage], 8 * 128 * pair_data_pieces<D, kCodec>() + 4);
+      } else {
+        cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+      }
     }
     slot0 = next0;
     slot1 = next1;
@@ -703,8 +715,8 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
         copy_row_async<D>(c, base, off, (mask >> key) & 1u, dst, 16 * warp + key, lane);
       }
       if (lane == 0) {
-        smem.valid[stage][2 * warp] = static_cast<uint8_t>(mask);
-        smem.valid[stage][2 * warp + 1] = static_cast<uint8_t>(mask >> 8);
+        smem.valid[stage][2 * warp] = mask & 0xFFu;
+        smem.valid[stage][2 * warp + 1] = mask >> 8;
       }
       cp_async_track(smem.full[stage]);
       __syncwarp();
@@ -733,8 +745,8 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
       }
     }
     if (lane == 0) {
-      smem.valid[stage][2 * warp] = static_cast<uint8_t>(mask);
-      smem.valid[stage][2 * warp + 1] = static_cast<uint8_t>(mask >> 8);
+      smem.valid[stage][2 * warp] = mask & 0xFFu;
+      smem.valid[stage][2 * warp + 1] = mask >> 8;
     }
     fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
     __syncwarp();

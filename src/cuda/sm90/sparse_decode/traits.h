@@ -67,7 +67,9 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     // Dense mode: each row's causal limit (inside WG0) and (j << 16 | h), ~0 for padding rows.
     int row_limit[kDense ? kBlockM : 1];
     uint32_t row_code[kDense ? kBlockM : 1];
-    alignas(8) uint8_t valid[kStages][8];  // per stage: bit j of byte b = key 8 b + j is valid
+    // per stage: bit j of word b = key 8 b + j is valid (words, so a CTA pair's peer can write
+    // its own with st.async, whose smallest store is 4 bytes)
+    alignas(16) uint32_t valid[kStages][8];
     alignas(8) uint64_t full[kStages];   // the producer filled the stage (4 warp arrivals)
     uint64_t empty[kStages];             // both compute warpgroups are done with it (8 warps)
   };
