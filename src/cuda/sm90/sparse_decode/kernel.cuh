@@ -87,12 +87,8 @@ __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
 
 // A stage's full barrier; with a CTA pair the peer's producer arrives on it too (pair.cuh).
 __device__ __forceinline__ void wait_full(uint64_t* full, int phase, bool pair) {
-  if (pair) {
-    wait_cluster(full, static_cast<uint32_t>(phase));
-    fence_async_smem();  // the peer's st.async rows (generic proxy) before wgmma reads them
-  } else {
-    cutlass::arch::ClusterBarrier::wait(full, phase);
-  }
+  cutlass::arch::ClusterBarrier::wait(full, phase);
+  if (pair) fence_async_smem();  // the peer's st.async rows (generic proxy) before wgmma reads
 }
 // A compute warp is done with a stage: lane 0 arrives on its empty barrier (and the peer's: the
 // peer's producer writes into this CTA's stage too).

@@ -6,8 +6,8 @@
 // The protocol:
 //   full[s]:  4 arrivals (this CTA's producer warps), each also expecting the bytes the peer's
 //             warp of the same number sends this tile; the peer's st.async stores complete them
-//             (complete_tx). Consumers wait with acquire.cluster semantics and a proxy fence
-//             before wgmma reads the stage.
+//             (complete_tx, which makes them visible to the barrier's waiters, as a TMA
+//             multicast's); consumers wait as usual and fence the proxies before wgmma reads.
 //   empty[s]: 16 arrivals, the 8 compute warps of each CTA (each releases both CTAs' copies of
 //             the stage): a producer writes into the peer's stage only once the peer is done.
 //   Both CTAs sync as a cluster after the barriers are initialised and before they exit (no CTA
@@ -48,24 +48,11 @@ __device__ __forceinline__ void st_local(uint32_t addr, const uint4& v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w));
 }
-// One arrival on the barrier at shared::cluster address `addr` (the peer's), releasing this
-// thread's earlier accesses at cluster scope.
+// One arrival on the barrier at shared::cluster address `addr` (the peer's), as CUTLASS's
+// cluster pipelines release a stage to a remote producer (default .release.cta: a cluster-scope
+// release would also wait for this warpgroup's wgmma still in flight).
 __device__ __forceinline__ void arrive_peer(uint32_t addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(addr)
-               : "memory");
-}
-// Waits for the phase with parity `phase` of a local barrier that the peer also arrives on:
-// acquire at cluster scope, so the peer's stores before its arrival are visible.
-__device__ __forceinline__ void wait_cluster(uint64_t* barrier, uint32_t phase) {
-  asm volatile(
-      "{\n\t.reg .pred P1;\n"
-      "WAIT:\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], %1;\n\t"
-      "@P1 bra DONE;\n\t"
-      "bra WAIT;\n"
-      "DONE:\n\t}" ::"r"(smem_u32(barrier)),
-      "r"(phase)
-      : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(addr) : "memory");
 }
 // Both CTAs of the cluster reach this point (and every thread of each).
 __device__ __forceinline__ void cluster_sync() {
