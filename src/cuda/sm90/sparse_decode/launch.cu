@@ -248,9 +248,8 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   };
   p.by_token = p.cache[0].by_token && (p.topk[1] == 0 || p.cache[1].by_token);
   // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
-  // the dense mode's packed rows), where the decoding costs more than the exchange of the bf16
-  // rows between the two CTAs: fp8_mx and fp4 (NOTES.md). OPENMLA_SPARSE_PAIR=0 / 1 (read at
-  // every launch) turns it off / on for every format, for A/B runs.
+  // the dense mode's packed rows; 1.03-1.30x, NOTES.md). OPENMLA_SPARSE_PAIR=0 (read at every
+  // launch) runs the two CTAs apart, for A/B runs.
   // The token fill is built once per quantised format (no branches over the others); a grid
   // whose two caches differ in format, or OPENMLA_SPARSE_FILL=generic (A/B runs), takes the
   // fill that reads the format at run time.
@@ -258,10 +257,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.fill_codec = p.by_token && one_codec && !env_is("OPENMLA_SPARSE_FILL", "generic")
                      ? p.cache[0].codec
                      : -1;
-  const bool pair_pays = p.fill_codec == static_cast<int>(kvcodec::Codec::kFP8_MX) ||
-                         p.fill_codec == static_cast<int>(kvcodec::Codec::kFP4);
-  p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0") &&
-           (pair_pays || env_is("OPENMLA_SPARSE_PAIR", "1"));
+  p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0");
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =
