@@ -247,9 +247,6 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
                                            cudaGetErrorString(err), ")"));
   };
   p.by_token = p.cache[0].by_token && (p.topk[1] == 0 || p.cache[1].by_token);
-  // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
-  // the dense mode's packed rows; 1.03-1.30x, NOTES.md). OPENMLA_SPARSE_PAIR=0 (read at every
-  // launch) runs the two CTAs apart, for A/B runs.
   // The token fill is built once per quantised format (no branches over the others); a grid
   // whose two caches differ in format, or OPENMLA_SPARSE_FILL=generic (A/B runs), takes the
   // fill that reads the format at run time.
@@ -257,6 +254,9 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.fill_codec = p.by_token && one_codec && !env_is("OPENMLA_SPARSE_FILL", "generic")
                      ? p.cache[0].codec
                      : -1;
+  // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
+  // the dense mode's packed rows; 1.03-1.30x, NOTES.md). OPENMLA_SPARSE_PAIR=0 (read at every
+  // launch) runs the two CTAs apart, for A/B runs.
   p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0");
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;

@@ -70,8 +70,10 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     // per stage: bit j of word b = key 8 b + j is valid (words, so a CTA pair's peer can write
     // its own with st.async, whose smallest store is 4 bytes)
     alignas(16) uint32_t valid[kStages][8];
-    alignas(8) uint64_t full[kStages];   // the producer filled the stage (4 warp arrivals)
-    uint64_t empty[kStages];             // both compute warpgroups are done with it (8 warps)
+    // the producer filled the stage (4 warp arrivals; with a CTA pair, also the peer's bytes)
+    alignas(8) uint64_t full[kStages];
+    // the compute warpgroups are done with it (8 warps; 16 with a CTA pair: both CTAs' warps)
+    uint64_t empty[kStages];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
