@@ -46,7 +46,7 @@ enum : uint32_t {
   kBarP0 = 1,       // WG0 -> WG1: P and the factors of a stage-0 tile (256)
   kBarP1 = 2,       // the same for stage 1 (256)
   kBarQ = 3,        // inside WG0: Q in shared memory (128)
-  kBarEpi = 4,      // row sums published (256)
+  kBarEpi = 4,      // row sums published (256); 5: the producer's kBarFill (producer.cuh)
 };
 
 // The problem's Q rows [64 m, 64 m + 64) into shared memory (padding rows are zeros), by WG0.

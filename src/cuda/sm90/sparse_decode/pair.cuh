@@ -1,13 +1,15 @@
 // The CTA pair of the sparse decode kernel (a 2-CTA cluster; SparseDecodeParams::pair): the two
 // CTAs serve m-blocks 2c and 2c + 1 of one problem (h_q 128: the two head halves of a query
 // token), which read the same keys. Each CTA's producer gathers and dequantises half of every
-// tile (CTA rank r: keys 32 r .. 32 r + 31) and stores the bf16 rows into its own stage and,
-// by st.async, into the peer's (distributed shared memory), so a tile is decoded once, not twice.
+// tile (CTA rank r: keys 32 r .. 32 r + 31) and stores the bf16 rows into its own stage; once
+// its four warps are done, one thread copies them into the peer's stage (distributed shared
+// memory) by bulk copies, 4 KB a piece (rows 32 r .. 32 r + 31 of a piece are contiguous), and
+// the round's mask words (16 B). A tile is decoded once, not twice.
 // The protocol:
 //   full[s]:  4 arrivals (this CTA's producer warps), each also expecting the bytes the peer's
-//             warp of the same number sends this tile; the peer's st.async stores complete them
-//             (complete_tx, which makes them visible to the barrier's waiters, as a TMA
-//             multicast's); consumers wait as usual and fence the proxies before wgmma reads.
+//             warp of the same number sends this tile (a quarter of the peer's bulk copies);
+//             the copies complete them (complete_tx, which makes them visible to the barrier's
+//             waiters, as a TMA multicast's); consumers wait as usual.
 //   empty[s]: 16 arrivals, the 8 compute warps of each CTA (each releases both CTAs' copies of
 //             the stage): a producer writes into the peer's stage only once the peer is done.
 //   Both CTAs sync as a cluster after the barriers are initialised and before they exit (no CTA
@@ -43,6 +45,14 @@ __device__ __forceinline__ void st_async_peer(uint32_t addr, const uint4& v, uin
 __device__ __forceinline__ void st_async_peer(uint32_t addr, uint32_t v, uint32_t bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
                ::"r"(addr), "r"(v), "r"(bar) : "memory");
+}
+// `bytes` (a multiple of 16) of this CTA's shared memory at `src` into the peer's at `dst`
+// (shared::cluster) by the bulk-copy engine, completing them on the peer's barrier at `bar`.
+__device__ __forceinline__ void bulk_to_peer(uint32_t dst, uint32_t src, uint32_t bytes,
+                                             uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(dst), "r"(src), "r"(bytes), "r"(bar) : "memory");
 }
 __device__ __forceinline__ void st_local(uint32_t addr, const uint4& v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y),

@@ -541,6 +541,9 @@ __device__ __forceinline__ void prefetch_token_l2(const SparseCacheParams& c, in
   }
 }
 
+// The named barrier of the producer warpgroup in a CTA pair (ids 1-4 are kernel.cuh's).
+constexpr uint32_t kBarFill = 5;
+
 // The pieces of a key a pair's producer decodes (and sends the peer): the data part's 64-dim
 // pieces (the RoPE piece goes by cp.async in each CTA).
 template <int D, int kCodec>
@@ -616,27 +619,35 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
                            row0 + 32 * (r ^ 1));
       }
       copy_rope_async<D, kCodec>(c, slot, ok, q, dst.local, row0 + 32 * r);
-      store_token<D, kCodec, kPair>(c, t, q, dst, row0 + 32 * r);
+      store_token<D, kCodec, false>(c, t, q, dst, row0 + 32 * r);
       // Key j's bit is lane 4 j's: gathered into bits 0 .. 7.
       uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
       mask = (mask | (mask >> 3)) & 0x03030303u;
       mask = (mask | (mask >> 6)) & 0x000F000Fu;
       mask = (mask | (mask >> 12)) & 0xFFu;
-      if (lane == 0) {
-        smem.valid[stage][4 * r + warp] = mask;
-        if constexpr (kPair) {
-          st_async_peer(peer_addr(smem_u32(&smem.valid[stage][4 * r + warp]), rank ^ 1), mask,
-                        dst.peer_bar);
+      if (lane == 0) smem.valid[stage][4 * r + warp] = mask;
+    }
+    fence_async_smem();  // the generic stores before wgmma's (and the bulk copies') reads
+    if constexpr (kPair) {
+      // The round's rows into the peer's stage once all four warps have stored theirs: a piece's
+      // rows 32 rank .. 32 rank + 31 are 4 KB contiguous, the round's mask words 16 B.
+      attention::bar_sync(kBarFill, 128);
+      if (warp == 0 && lane == 0) {
+        const uint32_t off = 32 * rank * 128, src = smem_u32(dst.local) + off;
+#pragma unroll 1
+        for (int e = 0; e < pair_data_pieces<D, kCodec>(); ++e) {
+          bulk_to_peer(dst.peer + off + e * 8192, src + e * 8192, 4096, dst.peer_bar);
         }
+        const uint32_t mask_words = smem_u32(&smem.valid[stage][4 * rank]);
+        bulk_to_peer(peer_addr(mask_words, rank ^ 1), mask_words, 16, dst.peer_bar);
       }
     }
-    fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
     cp_async_track(smem.full[stage]);  // and the RoPE copies land before the stage is full
     __syncwarp();
     if (lane == 0) {
       if constexpr (kPair) {
-        // The bytes the peer's warp of the same number sends this tile (its round's 8 keys'
-        // decoded pieces and its mask word, by st.async) complete on this barrier too.
+        // The peer's bulk copies of its round (its 32 keys' decoded pieces and 4 mask words)
+        // complete on this barrier too: each warp expects a quarter of their bytes.
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
             &smem.full[stage], 8 * 128 * pair_data_pieces<D, kCodec>() + 4);
       } else {
