@@ -354,22 +354,21 @@ __device__ __forceinline__ void cp_async_track(uint64_t& barrier) {
   asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(b) : "memory");
 }
 
-// A bf16 key's row straight into the stage by cp.async (bf16 caches need no decoding): the same
-// bytes and places as load_raw + store_row, with no registers held, so a whole tile's loads are
-// in flight at once. Invalid keys are zero rows.
+// A bf16 key's row straight into the stage by cp.async (bf16 caches need no decoding, sparse
+// prefill's kv among them): the same bytes and places as load_raw + store_row, with no registers
+// held, so a whole tile's loads are in flight at once; an invalid key is a zero row. The row's
+// address is formed once by the lane that owns the key; the stage row `16 w + key` has the
+// 128 B swizzle `key & 7` (a warp's rows start on a multiple of 8), so in the key loop (unrolled by 8) the copies need no address math of their own beyond a lane's fixed offsets.
 template <int D>
-__device__ __forceinline__ void copy_row_async(const SparseCacheParams& c, int64_t block_base,
-                                               int offset, bool valid, char* stage, int row,
-                                               int lane) {
-  const uint8_t* data = c.base + block_base + c.data_offset +
-                        static_cast<int64_t>(offset) * c.data_stride;
+__device__ __forceinline__ void copy_key_async(const uint8_t* row, bool valid, char* stage_row,
+                                               int swizzle, int lane) {
   const int piece = lane >> 2, c0 = (lane & 3) * 2;
-  char* base = stage + piece * 8192 + row * 128;
-  cp_async<16>(base + ((c0 ^ (row & 7)) << 4), data + 32 * lane, valid);
-  cp_async<16>(base + (((c0 + 1) ^ (row & 7)) << 4), data + 32 * lane + 16, valid);
+  char* base = stage_row + piece * 8192;
+  cp_async<16>(base + ((c0 ^ swizzle) << 4), row + 32 * lane, valid);
+  cp_async<16>(base + (((c0 + 1) ^ swizzle) << 4), row + 32 * lane + 16, valid);
   if constexpr (D == 576) {  // dims 512 + 2l, 513 + 2l
-    cp_async<4>(stage + 8 * 8192 + row * 128 + (((lane >> 2) ^ (row & 7)) << 4) + (lane & 3) * 4,
-                data + 1024 + 4 * lane, valid);
+    cp_async<4>(stage_row + 8 * 8192 + ((piece ^ swizzle) << 4) + (lane & 3) * 4,
+                row + 1024 + 4 * lane, valid);
   }
 }
 
@@ -719,11 +718,17 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
       // so the warp goes on to the next tile at once. (Handing a stage over only after the next
       // tile's copies were issued deadlocks from the third tile: that next stage is freed by WG0
       // only once it has this one.)
+      // The owning lane (0-15) forms its key's row address once; the warp's copies of key j
+      // take it by one 64-bit shuffle (an invalid key copies nothing from the cache's base).
+      const uint8_t* my_row =
+          c.base + (valid ? block_base + c.data_offset + static_cast<int64_t>(offset) * c.data_stride
+                          : 0);
+      char* rows = dst + 16 * warp * 128;
 #pragma unroll 4
       for (int key = 0; key < Traits::kKeysPerWarp; ++key) {
-        const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
-        const int off = __shfl_sync(0xffffffffu, offset, key);
-        copy_row_async<D>(c, base, off, (mask >> key) & 1u, dst, 16 * warp + key, lane);
+        const uint8_t* row = reinterpret_cast<const uint8_t*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(my_row), key));
+        copy_key_async<D>(row, (mask >> key) & 1u, rows + key * 128, key & 7, lane);
       }
       if (lane == 0) {
         smem.valid[stage][2 * warp] = mask & 0xFFu;
