@@ -401,10 +401,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (pair && params.by_token) {
+    if (pair) {
       produce_quantised<Traits, true>(params, smem, problem, split);
-    } else if (pair) {  // bf16 keys by cp.async (launch.cu pairs no other fill; no dense mode)
-      if constexpr (!Traits::kDense) produce<Traits, true>(params, smem, problem, split);
     } else if (params.by_token) {
       produce_quantised<Traits, false>(params, smem, problem, split);
     } else {

@@ -255,13 +255,9 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
                      ? p.cache[0].codec
                      : -1;
   // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
-  // the dense mode's packed rows; 1.03-1.30x, NOTES.md), or, for bf16 keys by cp.async (bf16
-  // caches, sparse prefill's kv), gathers each tile once from L2. OPENMLA_SPARSE_PAIR=0 (read at
-  // every launch) runs the two CTAs apart, for A/B runs.
-  const bool bf16_copies = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
-                           (p.topk[1] == 0 || p.cache[1].async_copy);
-  p.pair = (p.fill_codec >= 0 || bf16_copies) && p.m_blocks % 2 == 0 &&
-           !env_is("OPENMLA_SPARSE_PAIR", "0");
+  // the dense mode's packed rows; 1.03-1.30x, NOTES.md). OPENMLA_SPARSE_PAIR=0 (read at every
+  // launch) runs the two CTAs apart, for A/B runs.
+  p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0");
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

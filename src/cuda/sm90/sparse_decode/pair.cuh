@@ -4,9 +4,7 @@
 // tile (CTA rank r: keys 32 r .. 32 r + 31) and stores the bf16 rows into its own stage; once
 // its four warps are done, one thread copies them into the peer's stage (distributed shared
 // memory) by bulk copies, 4 KB a piece (rows 32 r .. 32 r + 31 of a piece are contiguous), and
-// the round's mask words (16 B). A tile is decoded once, not twice. bf16 keys (bf16 caches,
-// sparse prefill's kv) are paired the same way: a CTA copies its round by cp.async, waits for
-// the copies and sends them on, so each tile is gathered from L2 once.
+// the round's mask words (16 B). A tile is decoded once, not twice.
 // The protocol:
 //   full[s]:  4 arrivals (this CTA's producer warps), each also expecting the bytes the peer's
 //             warp of the same number sends this tile (a quarter of the peer's bulk copies);

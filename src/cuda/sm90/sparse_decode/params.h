@@ -84,8 +84,8 @@ struct SparseDecodeParams {
   int fill_codec;       // by_token: the caches' one kvcodec::Codec, for a fill built for it; -1:
                         // the fill reads each cache's codec at run time
   bool serial_combine;  // the combine walks the splits one at a time (A/B runs; combine.cu)
-  bool pair;            // m_blocks even, by_token with one codec or bf16 by cp.async: 2-CTA
-                        // clusters share each tile's fill (pair.cuh)
+  bool pair;            // by_token, one codec, m_blocks even: 2-CTA clusters share the decoding
+                        // (pair.cuh)
 };
 
 }  // namespace openmla::cuda::sm90

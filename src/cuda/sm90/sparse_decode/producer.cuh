@@ -662,31 +662,25 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
 }
 
 // The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
-// kPair (bf16 caches by cp.async only, pair.cuh): this CTA copies round `rank` of each tile, warp
-// w keys 32 rank + 8 w .. 32 rank + 8 w + 7, waits for its copies and sends the round's rows
-// (4 KB a piece) and mask words to the peer's stage by bulk copies, as the token fill does.
-template <class Traits, bool kPair = false>
+template <class Traits>
 __device__ __forceinline__ void produce(const SparseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int problem,
                                         int split) {
   constexpr int D = Traits::kHeadDimQK;
   constexpr int kBatch = Traits::kLoadBatch;
-  constexpr int kOwn = kPair ? 8 : Traits::kKeysPerWarp;  // keys a warp fills, a lane each
   const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
   const Problem keys = problem_of<Traits::kDense>(p, problem);
   const int2 range = split_tiles<Traits::kDense>(p, keys, split);
-  const int rank = kPair ? static_cast<int>(cluster_rank()) : 0;
-  const int first_key = kPair ? 32 * rank + 8 * warp : 16 * warp;
-  const int my_key = first_key + (lane & (kOwn - 1));
+  const int my_key = 16 * warp + (lane & 15);
 
-  // The slot of this lane's key (lanes 0 .. kOwn - 1) of tile k (-1 past the split), and the L2
-  // prefetch of that key's bytes.
+  // The slot of this lane's key (lanes 0-15) of tile k (-1 past the split), and the L2 prefetch
+  // of that key's bytes.
   auto slot_at = [&](int k) {
-    if (lane >= kOwn || k >= range.y) return -1;
+    if (lane >= 16 || k >= range.y) return -1;
     return slot_of<Traits::kDense>(p, tile_at(keys, k), keys, my_key);
   };
   auto prefetch = [&](int k, int slot) {
-    if (lane >= kOwn || k >= range.y) return;
+    if (lane >= 16 || k >= range.y) return;
     const SparseCacheParams& c = p.cache[tile_at(keys, k).cache];
     if (c.prefetch_bytes > 0 && slot >= 0 && slot < c.num_slots) {
       int block, offset;
@@ -710,8 +704,8 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     prefetch(k + 1, next_slot);
     const Tile tile = tile_at(keys, k);
     const SparseCacheParams& c = p.cache[tile.cache];
-    const bool valid = lane < kOwn && slot >= 0 && slot < c.num_slots;
-    const uint32_t mask = __ballot_sync(0xffffffffu, valid) & ((1u << kOwn) - 1u);
+    const bool valid = lane < 16 && slot >= 0 && slot < c.num_slots;
+    const uint32_t mask = __ballot_sync(0xffffffffu, valid) & 0xFFFFu;
     int block = 0, offset = 0;
     if (valid) block_offset(c, slot, &block, &offset);
     const int64_t block_base = static_cast<int64_t>(block) * c.block_stride;
@@ -719,92 +713,62 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     // The stage is free once both compute warpgroups are done with its previous tile.
     cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
     char* dst = reinterpret_cast<char*>(smem.k[stage]);
-    if (kPair || c.async_copy) {
+    if (c.async_copy) {
       // bf16: cp.async straight into the stage; the full barrier completes when the copies land,
       // so the warp goes on to the next tile at once. (Handing a stage over only after the next
       // tile's copies were issued deadlocks from the third tile: that next stage is freed by WG0
       // only once it has this one.)
-      // The owning lane forms its key's row address once; the warp's copies of key j take it by
-      // one 64-bit shuffle (an invalid key copies nothing from the cache's base).
+      // The owning lane (0-15) forms its key's row address once; the warp's copies of key j
+      // take it by one 64-bit shuffle (an invalid key copies nothing from the cache's base).
       const uint8_t* my_row =
           c.base + (valid ? block_base + c.data_offset + static_cast<int64_t>(offset) * c.data_stride
                           : 0);
-      char* rows = dst + first_key * 128;  // a multiple of 8 rows: key j's swizzle is j & 7
+      char* rows = dst + 16 * warp * 128;
 #pragma unroll 4
-      for (int key = 0; key < kOwn; ++key) {
+      for (int key = 0; key < Traits::kKeysPerWarp; ++key) {
         const uint8_t* row = reinterpret_cast<const uint8_t*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(my_row), key));
         copy_key_async<D>(row, (mask >> key) & 1u, rows + key * 128, key & 7, lane);
-      }
-      if constexpr (kPair) {
-        if (lane == 0) smem.valid[stage][4 * rank + warp] = mask;
-        // The round's rows into the peer's stage once all four warps' copies have landed: a
-        // piece's rows 32 rank .. 32 rank + 31 are 4 KB contiguous, the mask words 16 B. The
-        // producer waits for its copies here, where it would otherwise wait for the next stage.
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        fence_async_smem();  // the copies' and the mask's writes before the bulk copies' reads
-        attention::bar_sync(kBarFill, 128);
-        if (warp == 0 && lane == 0) {
-          const uint32_t local = smem_u32(dst), off = 32 * rank * 128;
-          const uint32_t peer = peer_addr(local, rank ^ 1);
-          const uint32_t peer_bar = peer_addr(smem_u32(&smem.full[stage]), rank ^ 1);
-#pragma unroll 1
-          for (int e = 0; e < D / 64; ++e) {
-            bulk_to_peer(peer + off + e * 8192, local + off + e * 8192, 4096, peer_bar);
-          }
-          const uint32_t mask_words = smem_u32(&smem.valid[stage][4 * rank]);
-          bulk_to_peer(peer_addr(mask_words, rank ^ 1), mask_words, 16, peer_bar);
-        }
-        __syncwarp();
-        // This warp's copies have landed; the peer's bulk copies of its round (a quarter for
-        // each warp) complete on this barrier too.
-        if (lane == 0) {
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage],
-                                                                         8 * 128 * (D / 64) + 4);
-        }
-      } else {
-        if (lane == 0) {
-          smem.valid[stage][2 * warp] = mask & 0xFFu;
-          smem.valid[stage][2 * warp + 1] = mask >> 8;
-        }
-        cp_async_track(smem.full[stage]);
-        __syncwarp();
-        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
-      }
-      slot = next_slot;
-      next_slot = after_next_slot;
-      continue;
-    }
-    if constexpr (!kPair) {  // the register path (quantised caches, the warp-per-key fill)
-#pragma unroll 1
-      for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
-        RawKey raw[kBatch];
-#pragma unroll
-        for (int e = 0; e < kBatch; ++e) {  // every load of the batch in flight together
-          const int key = b + e;
-          const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
-          const int off = __shfl_sync(0xffffffffu, offset, key);
-          if ((mask >> key) & 1u) load_raw<D>(c, base, off, lane, raw[e]);
-        }
-#pragma unroll
-        for (int e = 0; e < kBatch; ++e) {
-          const int key = b + e;
-          uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-          uint32_t tail = 0u;
-          if ((mask >> key) & 1u) decode_raw<D>(c.codec, lane, raw[e], v, tail);
-          store_row<D>(dst, 16 * warp + key, lane, v, tail);
-        }
       }
       if (lane == 0) {
         smem.valid[stage][2 * warp] = mask & 0xFFu;
         smem.valid[stage][2 * warp + 1] = mask >> 8;
       }
-      fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
+      cp_async_track(smem.full[stage]);
       __syncwarp();
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
       slot = next_slot;
       next_slot = after_next_slot;
+      continue;
     }
+#pragma unroll 1
+    for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
+      RawKey raw[kBatch];
+#pragma unroll
+      for (int e = 0; e < kBatch; ++e) {  // every load of the batch in flight together
+        const int key = b + e;
+        const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
+        const int off = __shfl_sync(0xffffffffu, offset, key);
+        if ((mask >> key) & 1u) load_raw<D>(c, base, off, lane, raw[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < kBatch; ++e) {
+        const int key = b + e;
+        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        uint32_t tail = 0u;
+        if ((mask >> key) & 1u) decode_raw<D>(c.codec, lane, raw[e], v, tail);
+        store_row<D>(dst, 16 * warp + key, lane, v, tail);
+      }
+    }
+    if (lane == 0) {
+      smem.valid[stage][2 * warp] = mask & 0xFFu;
+      smem.valid[stage][2 * warp + 1] = mask >> 8;
+    }
+    fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+    slot = next_slot;
+    next_slot = after_next_slot;
   }
   // No thread leaves with its copies still in flight.
   asm volatile("cp.async.wait_all;" ::: "memory");
