@@ -47,6 +47,7 @@ enum : uint32_t {
   kBarP1 = 2,       // the same for stage 1 (256)
   kBarQ = 3,        // inside WG0: Q in shared memory (128)
   kBarEpi = 4,      // row sums published (256); 5: the producer's kBarFill (producer.cuh)
+  kBarMax = 6,      // the seesaw order: both warpgroups' tile row maxima (and row sums) (256)
 };
 
 // The problem's Q rows [64 m, 64 m + 64) into shared memory (padding rows are zeros), by WG0.
@@ -108,6 +109,19 @@ __device__ __forceinline__ void* p_buffer(typename Traits::SharedStorage& smem, 
   }
 }
 
+// The seesaw order's P of stage s: at d 576 stage 0's in its RoPE piece (in its R half, which
+// WG1, the reader, frees) and stage 1's in a buffer of its own (its RoPE piece is in stage 1's R
+// half, which WG1 frees before WG0 has read P); at d 512 a buffer each.
+template <class Traits>
+__device__ __forceinline__ void* seesaw_p_buffer(typename Traits::SharedStorage& smem, int s) {
+  if constexpr (Traits::kPInKTile) {
+    return s == 0 ? static_cast<void*>(smem.k[0] + 8 * Traits::kPieceElems)
+                  : static_cast<void*>(smem.p[0]);
+  } else {
+    return smem.p[s];
+  }
+}
+
 // The compute warpgroups (wg 0 or 1).
 template <class Traits>
 __device__ __forceinline__ void consume(const SparseDecodeParams& p,
@@ -161,7 +175,143 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   float l_run[2] = {0.f, 0.f};
   float m_true[2] = {-INFINITY, -INFINITY};  // the exact row max (m_run is lazy), for max_logits
 
-  if (wg == 0) {
+  if constexpr (Traits::kSeesaw) {
+    // Seesaw order (bf16 tiles by cp.async, the sparse mode; launch.cu): WG w computes S for the
+    // tiles of stage w (WG0 even, WG1 odd), the two share their row maxima, and each adds both
+    // tiles' P V for its half of d_v, its own P from registers and the other's through shared
+    // memory. The tensor pipe's work per tile is split evenly (a QK^T and half of two PVs each),
+    // where the default order gives WG0 the QK^T and PV_L and WG1 only PV_R. A stage's halves
+    // have barriers of their own (producer.cuh produce_halves): L (dims 0-255) is read by the
+    // owner's QK^T and WG0's PVs, R (the rest) by the owner's QK^T and WG1's PVs, so each half
+    // goes back to the producer as soon as its readers are done.
+    if (wg == 0) {
+      load_q<Traits>(p, smem, problem, m_block, t);
+      fence_async_smem();
+    }
+    bar_sync(kBarQ, 256);
+    float* xmax = reinterpret_cast<float*>(smem.rescale);  // [wg][64 rows]; WG1's sums at 128
+    const float max_thr = 8.f / sl2;
+    const int own = wg, other = wg ^ 1;   // this warpgroup's stage (its S), the other's
+    const int first_half = wg, second_half = wg ^ 1;  // WG0 waits for L first, WG1 for R
+    // The half of each stage this warpgroup's PVs read (L for WG0, R for WG1); the owner's QK^T
+    // also reads the other half of its own stage.
+    const int pv_half = wg;
+    // S += Q K^T over half `kHalf` of this warpgroup's stage (the first half zeroes S).
+    auto qk_half = [&](auto half, bool first) {
+      constexpr int kHalf = decltype(half)::value;
+      constexpr int k0 = kHalf == 0 ? 0 : 16, k1 = kHalf == 0 ? 16 : Traits::kHeadDimQK / 16;
+      auto tSrK_s = at_offset(tSrK, own * Traits::kStageBytes);
+#pragma unroll
+      for (int k = k0; k < k1; ++k) {
+        mma_qk.accumulate_ = first && k == k0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+        gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
+      }
+    };
+    // WG0 reads its stage's L half first, WG1 its R half (the producer's order: L0 R1 R0 L1).
+    auto qk_first = [&] {
+      if (wg == 0) {
+        qk_half(std::integral_constant<int, 0>{}, true);
+      } else {
+        qk_half(std::integral_constant<int, 1>{}, true);
+      }
+    };
+    auto qk_second = [&] {
+      if (wg == 0) {
+        qk_half(std::integral_constant<int, 1>{}, false);
+      } else {
+        qk_half(std::integral_constant<int, 0>{}, false);
+      }
+    };
+    const int n_iter = (n_tiles + 1) / 2;
+    for (int it = 0; it < n_iter; ++it) {
+      // With an odd tile count WG1 has no tile in the last round.
+      const bool mine = 2 * it + wg < n_tiles, theirs = 2 * it + other < n_tiles;
+      const int phase = it & 1;
+      float mx[2] = {-INFINITY, -INFINITY};
+      // One block per case, each with its waits on every path, so ptxas sees no wgmma in flight
+      // past it (the O rescale below would serialise them, C7515).
+      if (mine) {
+        wait_full(&smem.full[2 * own + first_half], phase, false);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        qk_first();
+        warpgroup_commit_batch();
+        wait_full(&smem.full[2 * own + second_half], phase, false);
+        warpgroup_arrive();
+        qk_second();
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        // The mask (written with the R half). The owner's QK^T is done with the half its PVs
+        // do not read.
+        const uint4 v0 = reinterpret_cast<const uint4*>(smem.valid[own])[0];
+        const uint4 v1 = reinterpret_cast<const uint4*>(smem.valid[own])[1];
+        const uint64_t valid =
+            (v0.x | v0.y << 8 | v0.z << 16 | v0.w << 24) |
+            static_cast<uint64_t>(v1.x | v1.y << 8 | v1.z << 16 | v1.w << 24) << 32;
+        release_stage(&smem.empty[2 * own + (pv_half ^ 1)], lane, false);
+        if (valid != ~0ull) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+#pragma unroll
+            for (int c = 0; c < size<1>(S); ++c) {
+              if (!((valid >> get<1>(cS_rc(r, c))) & 1ull)) S(r, c) = -INFINITY;
+            }
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) mx[r] = quad_max(row_reduce<true>(S, r));
+      }
+      // Both warpgroups derive the same running max from both tiles' row maxima.
+      if (lane % 4 == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) xmax[wg * 64 + mrow[r]] = mx[r];
+      }
+      bar_sync(kBarMax, 256);
+      float factor[2], base[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float o = xmax[other * 64 + mrow[r]];
+        const float both = wg == 0 ? fmaxf(mx[r], o) : fmaxf(o, mx[r]);  // the same in both
+        m_true[r] = fmaxf(m_true[r], both);
+        const float m_new = lazy_max(m_run[r], both, max_thr);
+        base[r] = max_base(m_new, sl2);
+        factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
+        m_run[r] = m_new;
+      }
+      if (mine) {
+        softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+        store_p(seesaw_p_buffer<Traits>(smem, own), tOrP, t);
+        bar_arrive(wg == 0 ? kBarP0 : kBarP1, 256);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
+      rescale_rows(O, factor);
+      if (mine) {
+        gemm_pv(mma_pv, tOrP, at_offset(tOrV, own * Traits::kStageBytes), tOrO);
+        wait_pv(tOrO, tOrP);
+        release_stage(&smem.empty[2 * own + pv_half], lane, false);
+      }
+      if (theirs) {
+        bar_sync(wg == 0 ? kBarP1 : kBarP0, 256);
+        load_p(seesaw_p_buffer<Traits>(smem, other), tOrP, t);
+        gemm_pv(mma_pv, tOrP, at_offset(tOrV, other * Traits::kStageBytes), tOrO);
+        wait_pv(tOrO, tOrP);
+        release_stage(&smem.empty[2 * other + pv_half], lane, false);
+      }
+    }
+    // The row sums: each warpgroup's over its own tiles, in the same running max's units.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] = quad_sum(l_run[r]);
+      if (wg == 1 && lane % 4 == 0) xmax[128 + mrow[r]] = l_run[r];
+    }
+    bar_sync(kBarMax, 256);
+    if (wg == 0 && lane % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) smem.row_sum[mrow[r]] = l_run[r] + xmax[128 + mrow[r]];
+    }
+  } else if (wg == 0) {
     load_q<Traits>(p, smem, problem, m_block, t);
     if constexpr (kDense) {  // the rows' query tokens, heads and limits, divided out once
       if (t < 64) {
@@ -385,9 +535,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
-      // lane 0 of the 4 producer warps and of the 8 compute warps (of both CTAs of a pair)
-      cutlass::arch::ClusterBarrier::init(&smem.full[s], 4);  // (a pair's peer: bytes, pair.cuh)
-      cutlass::arch::ClusterBarrier::init(&smem.empty[s], pair ? 16 : 8);
+      if constexpr (Traits::kSeesaw) {
+        // Per half (2 s + h): filled by the 4 producer warps; L0 is freed by WG0's warps alone,
+        // R1 by WG1's, R0 and L1 by both (consume, the seesaw order).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          cutlass::arch::ClusterBarrier::init(&smem.full[2 * s + h], 4);
+          cutlass::arch::ClusterBarrier::init(&smem.empty[2 * s + h], h == s ? 4 : 8);
+        }
+      } else {
+        // lane 0 of the 4 producer warps and of the 8 compute warps (of both CTAs of a pair)
+        cutlass::arch::ClusterBarrier::init(&smem.full[s], 4);  // (a pair's peer: bytes, pair.cuh)
+        cutlass::arch::ClusterBarrier::init(&smem.empty[s], pair ? 16 : 8);
+      }
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -401,7 +561,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (pair) {
+    if constexpr (Traits::kSeesaw) {
+      produce_halves<Traits>(params, smem, problem, split);
+    } else if (pair) {
       produce_quantised<Traits, true>(params, smem, problem, split);
     } else if (params.by_token) {
       produce_quantised<Traits, false>(params, smem, problem, split);
@@ -418,9 +580,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (pair) cluster_sync();  // the peer may still arrive on this CTA's barriers until here
 }
 
-template <int kHeadDimQK, bool kDense>
-cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
-  using Traits = SparseDecodeTraits<kHeadDimQK, kDense>;
+template <class Traits>
+cudaError_t launch_sparse_decode_traits(const SparseDecodeParams& params, cudaStream_t stream) {
   auto kernel = sparse_decode_kernel<Traits>;
   if (const cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
@@ -441,6 +602,18 @@ cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaSt
     config.numAttrs = 1;
   }
   return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+// The seesaw order serves grids of bf16 keys by cp.async (params.seesaw, launch.cu).
+template <int kHeadDimQK, bool kDense>
+cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
+  if constexpr (!kDense) {
+    if (params.seesaw) {
+      return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true>>(params,
+                                                                                       stream);
+    }
+  }
+  return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, kDense>>(params, stream);
 }
 
 }  // namespace openmla::cuda::sm90

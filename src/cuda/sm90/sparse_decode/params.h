@@ -84,6 +84,8 @@ struct SparseDecodeParams {
   int fill_codec;       // by_token: the caches' one kvcodec::Codec, for a fill built for it; -1:
                         // the fill reads each cache's codec at run time
   bool serial_combine;  // the combine walks the splits one at a time (A/B runs; combine.cu)
+  bool seesaw;          // every cache bf16 by cp.async, sparse mode, unpaired: the seesaw
+                        // order of the compute warpgroups (kernel.cuh consume)
   bool pair;            // by_token, one codec, m_blocks even: 2-CTA clusters share the decoding
                         // (pair.cuh)
 };

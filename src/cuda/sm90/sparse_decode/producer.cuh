@@ -662,7 +662,9 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
 }
 
 // The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
-template <class Traits>
+// kCopiesOnly: every cache is bf16 by cp.async (the seesaw kernel's grids, launch.cu): the
+// register path is not compiled, so the producer fits its few registers.
+template <class Traits, bool kCopiesOnly = false>
 __device__ __forceinline__ void produce(const SparseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int problem,
                                         int split) {
@@ -713,7 +715,7 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     // The stage is free once both compute warpgroups are done with its previous tile.
     cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
     char* dst = reinterpret_cast<char*>(smem.k[stage]);
-    if (c.async_copy) {
+    if (kCopiesOnly || c.async_copy) {
       // bf16: cp.async straight into the stage; the full barrier completes when the copies land,
       // so the warp goes on to the next tile at once. (Handing a stage over only after the next
       // tile's copies were issued deadlocks from the third tile: that next stage is freed by WG0
@@ -741,37 +743,110 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
       next_slot = after_next_slot;
       continue;
     }
+    if constexpr (!kCopiesOnly) {  // quantised keys through registers (the warp-per-key fill)
 #pragma unroll 1
-    for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
-      RawKey raw[kBatch];
+      for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
+        RawKey raw[kBatch];
 #pragma unroll
-      for (int e = 0; e < kBatch; ++e) {  // every load of the batch in flight together
-        const int key = b + e;
-        const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
-        const int off = __shfl_sync(0xffffffffu, offset, key);
-        if ((mask >> key) & 1u) load_raw<D>(c, base, off, lane, raw[e]);
-      }
+        for (int e = 0; e < kBatch; ++e) {  // every load of the batch in flight together
+          const int key = b + e;
+          const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
+          const int off = __shfl_sync(0xffffffffu, offset, key);
+          if ((mask >> key) & 1u) load_raw<D>(c, base, off, lane, raw[e]);
+        }
 #pragma unroll
-      for (int e = 0; e < kBatch; ++e) {
-        const int key = b + e;
-        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-        uint32_t tail = 0u;
-        if ((mask >> key) & 1u) decode_raw<D>(c.codec, lane, raw[e], v, tail);
-        store_row<D>(dst, 16 * warp + key, lane, v, tail);
+        for (int e = 0; e < kBatch; ++e) {
+          const int key = b + e;
+          uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+          uint32_t tail = 0u;
+          if ((mask >> key) & 1u) decode_raw<D>(c.codec, lane, raw[e], v, tail);
+          store_row<D>(dst, 16 * warp + key, lane, v, tail);
+        }
       }
+      if (lane == 0) {
+        smem.valid[stage][2 * warp] = mask & 0xFFu;
+        smem.valid[stage][2 * warp + 1] = mask >> 8;
+      }
+      fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
+      __syncwarp();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+      slot = next_slot;
+      next_slot = after_next_slot;
     }
-    if (lane == 0) {
-      smem.valid[stage][2 * warp] = mask & 0xFFu;
-      smem.valid[stage][2 * warp + 1] = mask >> 8;
-    }
-    fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
-    __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
-    slot = next_slot;
-    next_slot = after_next_slot;
   }
   // No thread leaves with its copies still in flight.
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// The seesaw kernel's producer (kernel.cuh consume_seesaw; bf16 keys by cp.async, the sparse
+// mode). A stage is two halves with barriers of their own (index 2 stage + half): L, dims
+// 0-255, which QK^T and WG0's P V read, and R, the rest (dims 256-511 for WG1's P V, and the
+// RoPE piece), so a half is refilled as soon as its readers are done with it. A round is the
+// tiles 2i (stage 0, WG0's S) and 2i + 1 (stage 1, WG1's S), its halves filled in the order
+// they are freed: L0, R1, R0, L1. Warp w fills keys 16 w .. 16 w + 15 of both tiles: lanes
+// 0-15 own the even tile's keys, lanes 16-31 the odd tile's; a key's half is one 16 B copy a
+// lane (512 contiguous bytes a warp instruction), plus the 128 B RoPE by 8 lanes.
+template <class Traits>
+__device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
+                                               typename Traits::SharedStorage& smem, int problem,
+                                               int split) {
+  constexpr int D = Traits::kHeadDimQK;
+  const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
+  const Problem keys = problem_of<false>(p, problem);
+  const int2 range = split_tiles<false>(p, keys, split);
+  const int n_tiles = range.y - range.x;
+  const int my_tile = lane >> 4, my_key = 16 * warp + (lane & 15);
+  // This lane's key of tile kk of the split (-1 past its end).
+  auto slot_at = [&](int kk) {
+    return kk < n_tiles ? slot_of<false>(p, tile_at(keys, range.x + kk), keys, my_key) : -1;
+  };
+  int slot = slot_at(my_tile);
+  for (int it = 0; 2 * it < n_tiles; ++it) {
+    const int kk = 2 * it + my_tile;
+    const int next = slot_at(kk + 2);  // the next round's index, in flight during this one
+    const SparseCacheParams& c = p.cache[tile_at(keys, range.x + min(kk, n_tiles - 1)).cache];
+    const bool valid = slot >= 0 && slot < c.num_slots;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
+    int block = 0, offset = 0;
+    if (valid) block_offset(c, slot, &block, &offset);
+    const uint8_t* my_row =
+        c.base + (valid ? static_cast<int64_t>(block) * c.block_stride + c.data_offset +
+                              static_cast<int64_t>(offset) * c.data_stride
+                        : 0);
+    const bool odd = 2 * it + 1 < n_tiles;  // the round has its odd tile
+    // Half `h` of tile 2 it + s into stage s, once its readers have freed it.
+    auto fill = [&](int s, int h) {
+      cutlass::arch::ClusterBarrier::wait(&smem.empty[2 * s + h], (it & 1) ^ 1);
+      char* rows = reinterpret_cast<char*>(smem.k[s]) + 16 * warp * 128;
+      const uint32_t mask = (ballot >> (16 * s)) & 0xFFFFu;
+#pragma unroll 2
+      for (int key = 0; key < 16; ++key) {
+        const uint8_t* row = reinterpret_cast<const uint8_t*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(my_row), 16 * s + key));
+        const bool ok = (mask >> key) & 1u;
+        char* r = rows + key * 128;
+        const int sw = key & 7;  // the row's 128 B swizzle (16 w is a multiple of 8)
+        cp_async<16>(r + (4 * h + (lane >> 3)) * 8192 + (((lane & 7) ^ sw) << 4),
+                     row + 512 * h + 16 * lane, ok);
+        if constexpr (D == 576) {
+          if (h == 1 && lane < 8) cp_async<16>(r + 8 * 8192 + ((lane ^ sw) << 4), row + 1024 + 16 * lane, ok);
+        }
+      }
+      if (h == 1 && lane == 0) {  // the stage's mask goes with its R half (read after R's wait)
+        smem.valid[s][2 * warp] = mask & 0xFFu;
+        smem.valid[s][2 * warp + 1] = mask >> 8;
+      }
+      cp_async_track(smem.full[2 * s + h]);
+      __syncwarp();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[2 * s + h]);
+    };
+    fill(0, 0);
+    if (odd) fill(1, 1);
+    fill(0, 1);
+    if (odd) fill(1, 0);
+    slot = next;
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
 }
 
 }  // namespace sparse_decode_detail

@@ -20,11 +20,16 @@ namespace openmla::cuda::sm90 {
 // (attention/mla_tiles.h): 64 heads, 64-key tiles, 256 V dims per compute warpgroup.
 // kDense_: the dense mode (params.h), keys through a block table, a request's s_q query tokens
 // packed into the rows: its own instantiation, so sparse decode's registers are untouched.
-template <int kHeadDimQK_, bool kDense_ = false>
+// kSeesaw_: the compute warpgroups in seesaw order (kernel.cuh consume_seesaw; bf16 tiles by
+// cp.async only, the sparse mode): each computes S for alternate tiles and both halves' P V, so
+// both hold S, P and half of O, and the producer, copies only, needs few registers.
+template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false>
 struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
   using Element = cute::bfloat16_t;
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr bool kDense = kDense_;
+  static constexpr bool kSeesaw = kSeesaw_;
+  static_assert(!(kDense && kSeesaw), "the seesaw order serves the sparse mode only");
   static constexpr int kHeadDimV = 512;
   static_assert(kHeadDimQK == 576 || kHeadDimQK == 512);
 
@@ -48,9 +53,10 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   // setmaxnreg: WG0 (S, P and half of O) 232, WG1 (half of O and P) 176, the producer 96:
   // 504 per thread slot = the 384 x 168 the CTA launches with. The dense mode's WG0 keeps its
   // problem's row bookkeeping too and spills at 232: 240, with the producer at 88 (no spill).
-  static constexpr int kWg0Registers = kDense ? 240 : 232;
-  static constexpr int kWg1Registers = 176;
-  static constexpr int kProducerRegisters = kDense ? 88 : 96;
+  // The seesaw order: 216 + 216 + 72.
+  static constexpr int kWg0Registers = kSeesaw ? 232 : kDense ? 240 : 232;
+  static constexpr int kWg1Registers = kSeesaw ? 232 : 176;
+  static constexpr int kProducerRegisters = kSeesaw ? 40 : kDense ? 88 : 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
@@ -61,8 +67,11 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   struct SharedStorage {
     alignas(1024) Element q[kBlockM * kHeadDimQK];
     alignas(1024) Element k[kStages][kTileElems];  // [stage][piece][64 keys][64 dims]
-    alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile ? 8 : kBlockM * kBlockN];
-    float2 rescale[kStages][128];  // WG0 -> WG1: O's row factors of the tile, thread-major
+    // The seesaw order at d 576: stage 0's P in its RoPE piece, stage 1's here.
+    alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile && !kSeesaw ? 8 : kBlockM * kBlockN];
+    // WG0 -> WG1: O's row factors of the tile, thread-major (the seesaw order: both warpgroups'
+    // tile row maxima [wg][64] and WG1's row sums [64])
+    float2 rescale[kSeesaw ? 1 : kStages][kSeesaw ? 96 : 128];
     float row_sum[kBlockM];        // WG0 -> WG1 in the epilogue
     // Dense mode: each row's causal limit (inside WG0) and (j << 16 | h), ~0 for padding rows.
     int row_limit[kDense ? kBlockM : 1];
@@ -71,9 +80,10 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     // its own with st.async, whose smallest store is 4 bytes)
     alignas(16) uint32_t valid[kStages][8];
     // the producer filled the stage (4 warp arrivals; with a CTA pair, also the peer's bytes)
-    alignas(8) uint64_t full[kStages];
+    // (the seesaw order: per half, 2 stage + half, producer.cuh produce_halves)
+    alignas(8) uint64_t full[kSeesaw ? 2 * kStages : kStages];
     // the compute warpgroups are done with it (8 warps; 16 with a CTA pair: both CTAs' warps)
-    uint64_t empty[kStages];
+    uint64_t empty[kSeesaw ? 2 * kStages : kStages];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
