@@ -208,12 +208,15 @@ run_tests gpu_tests "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt"
 # Quantised caches take the token fill wherever their parts are aligned; the warp-per-key fill
 # (unaligned layouts, and OPENMLA_SPARSE_FILL=keys) is tested for every format here.
 # h_q 128 (and the dense mode's even m-block counts) run as CTA pairs by default; the unpaired
-# launch is tested too.
+# launch is tested too. bf16 tiles run the seesaw order where it is faster; the default order
+# is tested for every shape too.
 if [[ -z "${GTEST_FILTER:-}" ]]; then
   run_tests gpu_tests_keys_fill "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_FILL=keys 'Sparse*:DenseDecodeKVCache*'
   run_tests gpu_tests_unpaired "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
+  run_tests gpu_tests_default_order "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
+    OPENMLA_SPARSE_SEESAW=0 'Sparse*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

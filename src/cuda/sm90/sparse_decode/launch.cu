@@ -259,10 +259,13 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // launch) runs the two CTAs apart, for A/B runs.
   p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0");
   // bf16 keys by cp.async (bf16 caches, sparse prefill's kv): the seesaw order of the compute
-  // warpgroups, each computing S for alternate tiles (NOTES.md). OPENMLA_SPARSE_SEESAW=0 (read
-  // at every launch) keeps the default order, for A/B runs.
+  // warpgroups, each computing S for alternate tiles (sparse_prefill/NOTES.md): H100, same run,
+  // prefill 1.10-1.15x at d 512 and 1.04-1.06x at d 576 with one m-block; at d 576 with two
+  // (h_q 128) it was 0.97-1.01x on prefill and 0.87x on bf16 decode, which keep the default
+  // order. OPENMLA_SPARSE_SEESAW=0 (read at every launch) keeps it everywhere, for A/B runs.
   p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
-             (p.topk[1] == 0 || p.cache[1].async_copy) && !env_is("OPENMLA_SPARSE_SEESAW", "0");
+             (p.topk[1] == 0 || p.cache[1].async_copy) && (d_qk == 512 || p.m_blocks == 1) &&
+             !env_is("OPENMLA_SPARSE_SEESAW", "0");
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =
