@@ -14,7 +14,9 @@
 //   WG1: P and the factors from shared memory; O_R *= factor; O_R += P V_R
 // A stage goes back to the producer once both warpgroups' wgmmas on it are done. With a CTA pair
 // (h_q 128 and other even m-block counts over quantised caches: pair.cuh) each CTA's producer
-// decodes half of every tile into both CTAs' stages. A split that is
+// decodes half of every tile into both CTAs' stages. bf16 tiles (bf16 caches, sparse prefill's
+// kv) may run the seesaw order instead (traits.h kSeesaw; consume below): each compute
+// warpgroup computes S for alternate tiles and both tiles' P V for its half of d_v. A split that is
 // the problem's only one writes out (bf16, attention sink applied) and lse; otherwise its
 // normalised fp32 partial and lse go to the workspace for the combine kernel (launch.cu).
 #pragma once
