@@ -37,6 +37,7 @@ struct Case {
   Sink sink = Sink::kNone;
   bool strided_out = false;
   bool all_invalid = false;
+  double q_sigma = 0;  // q's standard deviation; 0: drawn from [0.5, 2]
   uint64_t seed = 1;
 
   std::string name() const {
@@ -49,6 +50,7 @@ struct Case {
                         std::to_string(extra_topk) + (extra_topk_length ? " +len" : "")
                   : "") +
            (sink != Sink::kNone ? " +sink" : "") + (strided_out ? " strided" : "") +
+           (q_sigma > 0 ? " q sigma " + std::to_string(static_cast<int>(q_sigma)) : "") +
            " seed " + std::to_string(seed);
   }
 };
@@ -123,7 +125,7 @@ struct Problem {
   explicit Problem(const Case& cs) : c(cs), rng(cs.seed), cache(cs.cache, rng) {
     const int64_t d = kv_format_info(c.cache.format, c.cache.d_qk).d_qk, d_v = 512;
     q = HostTensor(DType::kBF16, {c.b, c.s_q, c.h_q, d});
-    q.fill_normal(rng, rng.uniform(0.5, 2.0));
+    q.fill_normal(rng, c.q_sigma > 0 ? c.q_sigma : rng.uniform(0.5, 2.0));
     const std::vector<int32_t> len = random_lengths(c.b, c.topk, c.topk_length, rng);
     indices = random_indices(c.b, c.s_q, c.topk, cache, len, c.all_invalid, rng);
     cpu.q = q.view();
@@ -250,6 +252,31 @@ TEST(SparseDecode, EveryFormatLayoutAndHeadCount) {
         c.b = k % 2 == 0 ? 3 : 40;  // few tokens: split; many: not
         c.topk = k % 2 == 0 ? 200 : 64 * (1 + k);
         c.topk_length = k == 3;
+        c.seed = seed++;
+        check(c);
+      }
+    }
+  }
+}
+
+// A sharp softmax: q of standard deviation 20 puts a row's scores tens of powers of two apart,
+// so its max moves past the lazy-rescale threshold (2^8 in P's units) from tile to tile and
+// every rescale path runs: the default order's, the seesaw order's shared max (bf16 tiles), the
+// split partials' merge. Random q of standard deviation ~1 almost never rescales.
+TEST(SparseDecode, SharpSoftmaxRescales) {
+  uint64_t seed = 8000;
+  for (CacheSpec s : {spec(KVFormat::kBF16, 576), spec(KVFormat::kBF16, 512),
+                      spec(KVFormat::kFP8_V32), spec(KVFormat::kFP8_Model1)}) {
+    for (int64_t h_q : {64, 128}) {
+      for (int64_t b : {3, 40}) {  // several splits a token, and one
+        Case c;
+        c.cache = s;
+        c.h_q = h_q;
+        c.b = b;
+        c.s_q = b == 3 ? 2 : 1;
+        c.topk = 704;  // 11 tiles: an odd count
+        c.topk_length = b == 3;
+        c.q_sigma = 20;
         c.seed = seed++;
         check(c);
       }
