@@ -33,6 +33,15 @@ bool env_is(const char* name, const char* value) {
 }
 bool bf16_cp_async() { return !env_is("OPENMLA_SPARSE_BF16_CP_ASYNC", "0"); }
 
+// OPENMLA_SPARSE_SPLIT_OVERHEAD=n (0-16, read at every launch; A/B runs of the split plan at
+// small batches): a CTA's fixed cost in the plan's model, in tiles; 1 otherwise.
+int split_overhead() {
+  const char* v = std::getenv("OPENMLA_SPARSE_SPLIT_OVERHEAD");
+  if (v == nullptr || v[0] < '0' || v[0] > '9') return 1;
+  const int n = std::atoi(v);
+  return n <= 16 ? n : 1;
+}
+
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 template <typename... Parts>
@@ -58,11 +67,11 @@ int max_splits(int sms, int64_t ctas) {
 struct Plan {
   int num_splits, tiles_per_split;
 };
-// The split count with the least modelled time: waves of CTAs times (tiles a CTA walks + one
-// tile's worth for Q and the pipeline's fill), plus one for the combine when split, over 1 ..
-// max_splits. (Enough CTAs to fill the SMs, but in whole waves: 64 tokens x 1 m-block on 132
-// SMs take 2 splits in one wave, not 3 in two.)
-Plan plan_splits(int sms, int64_t ctas, int64_t max_tiles) {
+// The split count with the least modelled time: waves of CTAs times (tiles a CTA walks + a
+// CTA's fixed cost in tiles: Q and the pipeline's fill, `overhead`, 1 by default), plus one for
+// the combine when split, over 1 .. max_splits. (Enough CTAs to fill the SMs, but in whole
+// waves: 64 tokens x 1 m-block on 132 SMs take 2 splits in one wave, not 3 in two.)
+Plan plan_splits(int sms, int64_t ctas, int64_t max_tiles, int overhead) {
   if (max_tiles == 0) return {1, 0};
   const int limit = max_splits(sms, ctas);
   int64_t best_cost = INT64_MAX;
@@ -71,7 +80,7 @@ Plan plan_splits(int sms, int64_t ctas, int64_t max_tiles) {
     const int64_t tps = (max_tiles + s - 1) / s;
     const int64_t splits = (max_tiles + tps - 1) / tps;
     const int64_t waves = (ctas * splits + sms - 1) / sms;
-    const int64_t cost = waves * (tps + 1) + (splits > 1 ? 1 : 0);
+    const int64_t cost = waves * (tps + overhead) + (splits > 1 ? 1 : 0);
     if (cost < best_cost) {
       best_cost = cost;
       best = {static_cast<int>(splits), static_cast<int>(tps)};
@@ -222,7 +231,8 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.m_blocks = (p.s_pack * p.h_q + 63) / 64;
   if (p.tokens == 0) return Status::Ok();
   Plan plan =
-      plan_splits(num_sms(device_index), static_cast<int64_t>(p.problems) * p.m_blocks, max_tiles);
+      plan_splits(num_sms(device_index), static_cast<int64_t>(p.problems) * p.m_blocks, max_tiles,
+                  split_overhead());
   if (batch_invariant) {  // one CTA walks a token's whole key list, in the list's order
     plan = {1, static_cast<int>(max_tiles)};
   }
