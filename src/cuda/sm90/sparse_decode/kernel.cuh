@@ -111,6 +111,14 @@ __device__ __forceinline__ void* p_buffer(typename Traits::SharedStorage& smem, 
   }
 }
 
+// A stage's key mask: bit j = key j is valid (word b holds keys 8 b .. 8 b + 7 in its low byte).
+__device__ __forceinline__ uint64_t stage_valid(const uint32_t (&words)[8]) {
+  const uint4 v0 = reinterpret_cast<const uint4*>(words)[0];
+  const uint4 v1 = reinterpret_cast<const uint4*>(words)[1];
+  return (v0.x | v0.y << 8 | v0.z << 16 | v0.w << 24) |
+         static_cast<uint64_t>(v1.x | v1.y << 8 | v1.z << 16 | v1.w << 24) << 32;
+}
+
 // The seesaw order's P of stage s: at d 576 stage 0's in its RoPE piece (in its R half, which
 // WG1, the reader, frees) and stage 1's in a buffer of its own (its RoPE piece is in stage 1's R
 // half, which WG1 frees before WG0 has read P); at d 512 a buffer each.
@@ -246,11 +254,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         warpgroup_fence_operand(tSrS);
         // The mask (written with the R half). The owner's QK^T is done with the half its PVs
         // do not read.
-        const uint4 v0 = reinterpret_cast<const uint4*>(smem.valid[own])[0];
-        const uint4 v1 = reinterpret_cast<const uint4*>(smem.valid[own])[1];
-        const uint64_t valid =
-            (v0.x | v0.y << 8 | v0.z << 16 | v0.w << 24) |
-            static_cast<uint64_t>(v1.x | v1.y << 8 | v1.z << 16 | v1.w << 24) << 32;
+        const uint64_t valid = stage_valid(smem.valid[own]);
         release_stage(&smem.empty[2 * own + (pv_half ^ 1)], lane, false);
         if (valid != ~0ull) {
 #pragma unroll
@@ -348,11 +352,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       warpgroup_fence_operand(tOrO);
       // Keys the producer found invalid (or past the list's count) never count, nor keys past
       // a row's causal limit (dense mode, s_q > 1).
-      const uint4 v0 = reinterpret_cast<const uint4*>(smem.valid[stage])[0];
-      const uint4 v1 = reinterpret_cast<const uint4*>(smem.valid[stage])[1];
-      const uint64_t valid =
-          (v0.x | v0.y << 8 | v0.z << 16 | v0.w << 24) |
-          static_cast<uint64_t>(v1.x | v1.y << 8 | v1.z << 16 | v1.w << 24) << 32;
+      const uint64_t valid = stage_valid(smem.valid[stage]);
       const int pos0 = 64 * (range.x + kk);
       const bool cut_rows = kDense && first_limit - pos0 < 64;
       if (valid != ~0ull || cut_rows) {

@@ -662,9 +662,7 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
 }
 
 // The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
-// kCopiesOnly: every cache is bf16 by cp.async (the seesaw kernel's grids, launch.cu): the
-// register path is not compiled, so the producer fits its few registers.
-template <class Traits, bool kCopiesOnly = false>
+template <class Traits>
 __device__ __forceinline__ void produce(const SparseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int problem,
                                         int split) {
@@ -715,7 +713,7 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
     // The stage is free once both compute warpgroups are done with its previous tile.
     cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], ((kk >> 1) & 1) ^ 1);
     char* dst = reinterpret_cast<char*>(smem.k[stage]);
-    if (kCopiesOnly || c.async_copy) {
+    if (c.async_copy) {
       // bf16: cp.async straight into the stage; the full barrier completes when the copies land,
       // so the warp goes on to the next tile at once. (Handing a stage over only after the next
       // tile's copies were issued deadlocks from the third tile: that next stage is freed by WG0
@@ -743,36 +741,34 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
       next_slot = after_next_slot;
       continue;
     }
-    if constexpr (!kCopiesOnly) {  // quantised keys through registers (the warp-per-key fill)
 #pragma unroll 1
-      for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
-        RawKey raw[kBatch];
+    for (int b = 0; b < Traits::kKeysPerWarp; b += kBatch) {
+      RawKey raw[kBatch];
 #pragma unroll
-        for (int e = 0; e < kBatch; ++e) {  // every load of the batch in flight together
-          const int key = b + e;
-          const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
-          const int off = __shfl_sync(0xffffffffu, offset, key);
-          if ((mask >> key) & 1u) load_raw<D>(c, base, off, lane, raw[e]);
-        }
+      for (int e = 0; e < kBatch; ++e) {  // every load of the batch in flight together
+        const int key = b + e;
+        const int64_t base = __shfl_sync(0xffffffffu, block_base, key);
+        const int off = __shfl_sync(0xffffffffu, offset, key);
+        if ((mask >> key) & 1u) load_raw<D>(c, base, off, lane, raw[e]);
+      }
 #pragma unroll
-        for (int e = 0; e < kBatch; ++e) {
-          const int key = b + e;
-          uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-          uint32_t tail = 0u;
-          if ((mask >> key) & 1u) decode_raw<D>(c.codec, lane, raw[e], v, tail);
-          store_row<D>(dst, 16 * warp + key, lane, v, tail);
-        }
+      for (int e = 0; e < kBatch; ++e) {
+        const int key = b + e;
+        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        uint32_t tail = 0u;
+        if ((mask >> key) & 1u) decode_raw<D>(c.codec, lane, raw[e], v, tail);
+        store_row<D>(dst, 16 * warp + key, lane, v, tail);
       }
-      if (lane == 0) {
-        smem.valid[stage][2 * warp] = mask & 0xFFu;
-        smem.valid[stage][2 * warp + 1] = mask >> 8;
-      }
-      fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
-      __syncwarp();
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
-      slot = next_slot;
-      next_slot = after_next_slot;
     }
+    if (lane == 0) {
+      smem.valid[stage][2 * warp] = mask & 0xFFu;
+      smem.valid[stage][2 * warp + 1] = mask >> 8;
+    }
+    fence_async_smem();  // the generic stores before wgmma's (async proxy) reads
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+    slot = next_slot;
+    next_slot = after_next_slot;
   }
   // No thread leaves with its copies still in flight.
   asm volatile("cp.async.wait_all;" ::: "memory");
