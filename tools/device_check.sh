@@ -23,6 +23,8 @@
 #   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1
 #   BUILD_DIR=build-device  JOBS=$(nproc)  CMAKE_ARGS="..." (extra configure arguments)
 #   COMMIT=<hash>          the commit the working tree is (the device's .git may be stale)
+#   SPARSE_BENCH_ARGS="..."  arguments of bench/sparse_decode_vs_flashmla.py, e.g. "--only
+#                          prefill --ab OPENMLA_SPARSE_STAGGER=1" (an A/B of a switch, same run)
 #   BUILD_TIMEOUT=420 TEST_TIMEOUT=240 SANITIZER_TIMEOUT=300 BENCH_TIMEOUT=240 (seconds per step)
 set -u -o pipefail
 
@@ -217,6 +219,11 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
     OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
   run_tests gpu_tests_default_order "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_SEESAW=0 'Sparse*'
+  # The A/B switches of the seesaw order (off by default): the staggered maxima, the L2 hint.
+  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_stagger "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
+    OPENMLA_SPARSE_STAGGER=1 'Sparse*'
+  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_l2hint "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
+    OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------
@@ -386,7 +393,7 @@ else
     fi
     echo "===== bench/sparse_decode_vs_flashmla.py" >>"$LOG"
     run_step "$LOG" "${BENCH_TIMEOUT:-240}" env PYTHONPATH="$PKG${PEER_DIR:+:$PEER_DIR}" \
-      python3 "$ROOT/bench/sparse_decode_vs_flashmla.py"
+      python3 "$ROOT/bench/sparse_decode_vs_flashmla.py" ${SPARSE_BENCH_ARGS:-}
     if [[ $STEP_RC -eq 0 ]]; then record sparse_bench PASS "$STEP_SECONDS" "$(grep -m1 'geometric mean' "$LOG" | cut -c1-120)"; else
       record sparse_bench FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
   fi

@@ -16,7 +16,8 @@
 // (h_q 128 and other even m-block counts over quantised caches: pair.cuh) each CTA's producer
 // decodes half of every tile into both CTAs' stages. bf16 tiles (bf16 caches, sparse prefill's
 // kv) may run the seesaw order instead (traits.h kSeesaw; consume below): each compute
-// warpgroup computes S for alternate tiles and both tiles' P V for its half of d_v. A split that is
+// warpgroup computes S for alternate tiles and both tiles' P V for its half of d_v (staggered
+// maxima with kStagger, an A/B switch). A split that is
 // the problem's only one writes out (bf16, attention sink applied) and lse; otherwise its
 // normalised fp32 partial and lse go to the workspace for the combine kernel (launch.cu).
 #pragma once
@@ -50,6 +51,7 @@ enum : uint32_t {
   kBarQ = 3,        // inside WG0: Q in shared memory (128)
   kBarEpi = 4,      // row sums published (256); 5: the producer's kBarFill (producer.cuh)
   kBarMax = 6,      // the seesaw order: both warpgroups' tile row maxima (and row sums) (256)
+  kBarMaxFinal = 7, // the stagger (kStagger): WG1 -> WG0, the round's final row max (256)
 };
 
 // The problem's Q rows [64 m, 64 m + 64) into shared memory (padding rows are zeros), by WG0.
@@ -232,90 +234,198 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         qk_half(std::integral_constant<int, 0>{}, false);
       }
     };
-    const int n_iter = (n_tiles + 1) / 2;
-    for (int it = 0; it < n_iter; ++it) {
-      // With an odd tile count WG1 has no tile in the last round.
-      const bool mine = 2 * it + wg < n_tiles, theirs = 2 * it + other < n_tiles;
-      const int phase = it & 1;
-      float mx[2] = {-INFINITY, -INFINITY};
-      // One block per case, each with its waits on every path, so ptxas sees no wgmma in flight
-      // past it (the O rescale below would serialise them, C7515).
-      if (mine) {
-        wait_full(&smem.full[2 * own + first_half], phase, false);
-        warpgroup_fence_operand(tSrS);
-        warpgroup_arrive();
-        qk_first();
-        warpgroup_commit_batch();
-        wait_full(&smem.full[2 * own + second_half], phase, false);
-        warpgroup_arrive();
-        qk_second();
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        // The mask (written with the R half). The owner's QK^T is done with the half its PVs
-        // do not read.
-        const uint64_t valid = stage_valid(smem.valid[own]);
-        release_stage(&smem.empty[2 * own + (pv_half ^ 1)], lane, false);
-        if (valid != ~0ull) {
+    // S = Q K^T of this warpgroup's tile (stage `own`), the keys the mask drops set to -inf, and
+    // its row maxima. The owner's QK^T is then done with the half its PVs do not read. Each wait
+    // sits on the one path through, so ptxas sees no wgmma in flight past it (C7515).
+    auto own_qk = [&](int phase, float (&mx)[2]) {
+      wait_full(&smem.full[2 * own + first_half], phase, false);
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      qk_first();
+      warpgroup_commit_batch();
+      wait_full(&smem.full[2 * own + second_half], phase, false);
+      warpgroup_arrive();
+      qk_second();
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      const uint64_t valid = stage_valid(smem.valid[own]);  // written with the R half
+      release_stage(&smem.empty[2 * own + (pv_half ^ 1)], lane, false);
+      if (valid != ~0ull) {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < 2; ++r) {
 #pragma unroll
-            for (int c = 0; c < size<1>(S); ++c) {
-              if (!((valid >> get<1>(cS_rc(r, c))) & 1ull)) S(r, c) = -INFINITY;
-            }
+          for (int c = 0; c < size<1>(S); ++c) {
+            if (!((valid >> get<1>(cS_rc(r, c))) & 1ull)) S(r, c) = -INFINITY;
           }
         }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) mx[r] = quad_max(row_reduce<true>(S, r));
-      }
-      // Both warpgroups derive the same running max from both tiles' row maxima.
-      if (lane % 4 == 0) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) xmax[wg * 64 + mrow[r]] = mx[r];
-      }
-      bar_sync(kBarMax, 256);
-      float factor[2], base[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float o = xmax[other * 64 + mrow[r]];
-        const float both = wg == 0 ? fmaxf(mx[r], o) : fmaxf(o, mx[r]);  // the same in both
-        m_true[r] = fmaxf(m_true[r], both);
-        const float m_new = lazy_max(m_run[r], both, max_thr);
-        base[r] = max_base(m_new, sl2);
-        factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
-        m_run[r] = m_new;
-      }
-      if (mine) {
-        softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
-        store_p(seesaw_p_buffer<Traits>(smem, own), tOrP, t);
-        bar_arrive(wg == 0 ? kBarP0 : kBarP1, 256);
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
-      rescale_rows(O, factor);
-      if (mine) {
-        gemm_pv(mma_pv, tOrP, at_offset(tOrV, own * Traits::kStageBytes), tOrO);
-        wait_pv(tOrO, tOrP);
-        release_stage(&smem.empty[2 * own + pv_half], lane, false);
+      for (int r = 0; r < 2; ++r) mx[r] = quad_max(row_reduce<true>(S, r));
+    };
+    const int n_iter = (n_tiles + 1) / 2;
+    if constexpr (Traits::kStagger) {
+      // Staggered maxima: WG0 sets the round's max from its own tile alone and issues its P V at
+      // once; WG1 takes that max, folds in its tile's and publishes the round's final max, so
+      // WG1's softmax runs under WG0's P V instead of beside it. WG0 brings O_L and its row sums
+      // to the final max after its P V; WG1 scales WG0's P as it loads it. With the lazy max the
+      // final max is nearly always WG0's, and both corrections are skipped.
+      // One loop for both warpgroups, so own_qk is inlined at one call site (two left its wgmmas
+      // in a function of their own, serialised).
+      // An odd count's last round has a stage-1 tile too, every key masked (the producer fills
+      // it with zeros): no path in the round depends on a tile count (with such branches WG1
+      // spilled).
+      for (int it = 0; it < n_iter; ++it) {
+        float mx[2];
+        own_qk(it & 1, mx);
+        float base[2], factor[2], sum[2] = {0.f, 0.f};
+        if (wg == 0) {
+          float m_first[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            m_true[r] = fmaxf(m_true[r], mx[r]);
+            m_first[r] = lazy_max(m_run[r], mx[r], max_thr);
+            base[r] = max_base(m_first[r], sl2);
+            factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
+          }
+          if (lane % 4 == 0) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) xmax[mrow[r]] = m_first[r];
+          }
+          bar_arrive(kBarMax, 256);
+          softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+          store_p(seesaw_p_buffer<Traits>(smem, 0), tOrP, t);
+          bar_arrive(kBarP0, 256);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
+          rescale_rows(O, factor);
+          gemm_pv(mma_pv, tOrP, tOrV, tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[0], lane, false);  // L0
+          bar_sync(kBarMaxFinal, 256);  // WG1's final max of the round
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            m_run[r] = xmax[64 + mrow[r]];
+            // 1 exactly when the max stayed (x - x); 0 when no key was seen yet (O_L is 0)
+            factor[r] = exp2_approx(m_first[r] * sl2 - max_base(m_run[r], sl2));
+            l_run[r] *= factor[r];
+          }
+          rescale_rows_if(O, factor);
+          bar_sync(kBarP1, 256);
+          load_p(seesaw_p_buffer<Traits>(smem, 1), tOrP, t);
+          gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[2], lane, false);  // L1
+        } else {
+          bar_sync(kBarMax, 256);  // WG0's max of the round
+          float pscale[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float m_first = xmax[mrow[r]];
+            m_true[r] = fmaxf(m_true[r], mx[r]);
+            const float m_final = lazy_max(m_first, mx[r], max_thr);
+            base[r] = max_base(m_final, sl2);
+            factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
+            pscale[r] = exp2_approx(m_first * sl2 - base[r]);  // WG0's P to the final max
+            m_run[r] = m_final;
+          }
+          if (lane % 4 == 0) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) xmax[64 + mrow[r]] = m_run[r];
+          }
+          bar_arrive(kBarMaxFinal, 256);
+          softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+          store_p(seesaw_p_buffer<Traits>(smem, 1), tOrP, t);
+          bar_arrive(kBarP1, 256);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
+          rescale_rows(O, factor);
+          gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[3], lane, false);  // R1
+          bar_sync(kBarP0, 256);
+          load_p(seesaw_p_buffer<Traits>(smem, 0), tOrP, t);
+          if (__any_sync(0xffffffffu, pscale[0] != 1.f || pscale[1] != 1.f)) {
+            // Through S's registers (free here): the fragment's word k holds S's flat 2k, 2k+1.
+            Tensor P32 = recast<uint32_t>(tOrP);
+#pragma unroll
+            for (int k = 0; k < size(P32); ++k) {
+              tSrS(2 * k) = __uint_as_float(P32(k) << 16);
+              tSrS(2 * k + 1) = __uint_as_float(P32(k) & 0xFFFF0000u);
+            }
+            rescale_rows(S, pscale);
+#pragma unroll
+            for (int k = 0; k < size(P32); ++k) {
+              P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
+            }
+          }
+          gemm_pv(mma_pv, tOrP, tOrV, tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[1], lane, false);  // R0
+        }
       }
-      if (theirs) {
-        bar_sync(wg == 0 ? kBarP1 : kBarP0, 256);
-        load_p(seesaw_p_buffer<Traits>(smem, other), tOrP, t);
-        gemm_pv(mma_pv, tOrP, at_offset(tOrV, other * Traits::kStageBytes), tOrO);
-        wait_pv(tOrO, tOrP);
-        release_stage(&smem.empty[2 * other + pv_half], lane, false);
+    } else {
+      for (int it = 0; it < n_iter; ++it) {
+        // With an odd tile count WG1 has no tile in the last round.
+        const bool mine = 2 * it + wg < n_tiles, theirs = 2 * it + other < n_tiles;
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (mine) own_qk(it & 1, mx);
+        // Both warpgroups derive the same running max from both tiles' row maxima.
+        if (lane % 4 == 0) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) xmax[wg * 64 + mrow[r]] = mx[r];
+        }
+        bar_sync(kBarMax, 256);
+        float factor[2], base[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float o = xmax[other * 64 + mrow[r]];
+          const float both = wg == 0 ? fmaxf(mx[r], o) : fmaxf(o, mx[r]);  // the same in both
+          m_true[r] = fmaxf(m_true[r], both);
+          const float m_new = lazy_max(m_run[r], both, max_thr);
+          base[r] = max_base(m_new, sl2);
+          factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
+          m_run[r] = m_new;
+        }
+        if (mine) {
+          softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+          store_p(seesaw_p_buffer<Traits>(smem, own), tOrP, t);
+          bar_arrive(wg == 0 ? kBarP0 : kBarP1, 256);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
+        rescale_rows(O, factor);
+        if (mine) {
+          gemm_pv(mma_pv, tOrP, at_offset(tOrV, own * Traits::kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[2 * own + pv_half], lane, false);
+        }
+        if (theirs) {
+          bar_sync(wg == 0 ? kBarP1 : kBarP0, 256);
+          load_p(seesaw_p_buffer<Traits>(smem, other), tOrP, t);
+          gemm_pv(mma_pv, tOrP, at_offset(tOrV, other * Traits::kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[2 * other + pv_half], lane, false);
+        }
       }
     }
     // The row sums: each warpgroup's over its own tiles, in the same running max's units.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       l_run[r] = quad_sum(l_run[r]);
-      if (wg == 1 && lane % 4 == 0) xmax[128 + mrow[r]] = l_run[r];
+      if (wg == 1 && lane % 4 == 0) {
+        xmax[128 + mrow[r]] = l_run[r];
+        // The stagger's maxima are each warpgroup's own tiles' (WG0's slot is read by now).
+        if constexpr (Traits::kStagger) xmax[mrow[r]] = m_true[r];
+      }
     }
     bar_sync(kBarMax, 256);
-    if (wg == 0 && lane % 4 == 0) {
+    if (wg == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) smem.row_sum[mrow[r]] = l_run[r] + xmax[128 + mrow[r]];
+      for (int r = 0; r < 2; ++r) {
+        if constexpr (Traits::kStagger) m_true[r] = fmaxf(m_true[r], xmax[mrow[r]]);
+        if (lane % 4 == 0) smem.row_sum[mrow[r]] = l_run[r] + xmax[128 + mrow[r]];
+      }
     }
   } else if (wg == 0) {
     load_q<Traits>(p, smem, problem, m_block, t);
@@ -564,7 +674,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if constexpr (Traits::kSeesaw) {
-      produce_halves<Traits>(params, smem, problem, split);
+      if (params.l2_hint) {
+        produce_halves<Traits, true>(params, smem, problem, split);
+      } else {
+        produce_halves<Traits, false>(params, smem, problem, split);
+      }
     } else if (pair) {
       produce_quantised<Traits, true>(params, smem, problem, split);
     } else if (params.by_token) {
@@ -610,6 +724,10 @@ cudaError_t launch_sparse_decode_traits(const SparseDecodeParams& params, cudaSt
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
   if constexpr (!kDense) {
+    if (params.seesaw && params.stagger) {
+      return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true, true>>(
+          params, stream);
+    }
     if (params.seesaw) {
       return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true>>(params,
                                                                                        stream);

@@ -276,6 +276,12 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
              (p.topk[1] == 0 || p.cache[1].async_copy) && (d_qk == 512 || p.m_blocks == 1) &&
              !env_is("OPENMLA_SPARSE_SEESAW", "0");
+  // OPENMLA_SPARSE_STAGGER=1 (read at every launch): the seesaw with staggered maxima, WG1's
+  // softmax under WG0's P V (sparse_prefill/NOTES.md lever 0); not yet measured, for A/B runs.
+  p.stagger = p.seesaw && env_is("OPENMLA_SPARSE_STAGGER", "1");
+  // OPENMLA_SPARSE_L2HINT=1: the seesaw producer's copies with an evict-last policy and a 256 B
+  // L2 prefetch (sparse_prefill/NOTES.md lever 1); not yet measured, for A/B runs.
+  p.l2_hint = p.seesaw && env_is("OPENMLA_SPARSE_L2HINT", "1");
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

@@ -347,6 +347,19 @@ __device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid)
                  "r"(valid ? 4 : 0) : "memory");
   }
 }
+// The same, 16 bytes, with an L2 cache policy (createpolicy) and a 256 B L2 prefetch.
+__device__ __forceinline__ void cp_async_l2(char* dst, const void* src, bool valid,
+                                            uint64_t policy) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(d),
+               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
 // The mbarrier also waits for this thread's cp.asyncs so far (no change to its arrival count:
 // the pending count goes up now and down when they land), as CUTLASS's cp.async pipelines do.
 __device__ __forceinline__ void cp_async_track(uint64_t& barrier) {
@@ -782,7 +795,7 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
 // they are freed: L0, R1, R0, L1. Warp w fills keys 16 w .. 16 w + 15 of both tiles: lanes
 // 0-15 own the even tile's keys, lanes 16-31 the odd tile's; a key's half is one 16 B copy a
 // lane (512 contiguous bytes a warp instruction), plus the 128 B RoPE by 8 lanes.
-template <class Traits>
+template <class Traits, bool kL2Hint>
 __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
                                                typename Traits::SharedStorage& smem, int problem,
                                                int split) {
@@ -797,6 +810,15 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
     return kk < n_tiles ? slot_of<false>(p, tile_at(keys, range.x + kk), keys, my_key) : -1;
   };
   int slot = slot_at(my_tile);
+  // kL2Hint (params.l2_hint): the rows stay in L2 for the other query tokens that gather them.
+  const uint64_t policy = kL2Hint ? l2_evict_last_policy() : 0;
+  auto copy16 = [&](char* dst, const void* src, bool ok) {
+    if constexpr (kL2Hint) {
+      cp_async_l2(dst, src, ok, policy);
+    } else {
+      cp_async<16>(dst, src, ok);
+    }
+  };
   for (int it = 0; 2 * it < n_tiles; ++it) {
     const int kk = 2 * it + my_tile;
     const int next = slot_at(kk + 2);  // the next round's index, in flight during this one
@@ -809,7 +831,8 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
         c.base + (valid ? static_cast<int64_t>(block) * c.block_stride + c.data_offset +
                               static_cast<int64_t>(offset) * c.data_stride
                         : 0);
-    const bool odd = 2 * it + 1 < n_tiles;  // the round has its odd tile
+    // The round has its odd tile (the stagger always: past the end, zeros and a zero mask).
+    const bool odd = Traits::kStagger || 2 * it + 1 < n_tiles;
     // Half `h` of tile 2 it + s into stage s, once its readers have freed it.
     auto fill = [&](int s, int h) {
       cutlass::arch::ClusterBarrier::wait(&smem.empty[2 * s + h], (it & 1) ^ 1);
@@ -822,10 +845,10 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
         const bool ok = (mask >> key) & 1u;
         char* r = rows + key * 128;
         const int sw = key & 7;  // the row's 128 B swizzle (16 w is a multiple of 8)
-        cp_async<16>(r + (4 * h + (lane >> 3)) * 8192 + (((lane & 7) ^ sw) << 4),
-                     row + 512 * h + 16 * lane, ok);
+        copy16(r + (4 * h + (lane >> 3)) * 8192 + (((lane & 7) ^ sw) << 4),
+               row + 512 * h + 16 * lane, ok);
         if constexpr (D == 576) {
-          if (h == 1 && lane < 8) cp_async<16>(r + 8 * 8192 + ((lane ^ sw) << 4), row + 1024 + 16 * lane, ok);
+          if (h == 1 && lane < 8) copy16(r + 8 * 8192 + ((lane ^ sw) << 4), row + 1024 + 16 * lane, ok);
         }
       }
       if (h == 1 && lane == 0) {  // the stage's mask goes with its R half (read after R's wait)

@@ -23,12 +23,15 @@ namespace openmla::cuda::sm90 {
 // kSeesaw_: the compute warpgroups in seesaw order (kernel.cuh consume_seesaw; bf16 tiles by
 // cp.async only, the sparse mode): each computes S for alternate tiles and both halves' P V, so
 // both hold S, P and half of O, and the producer, copies only, needs few registers.
-template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false>
+// kStagger_: the seesaw with staggered maxima (kernel.cuh consume; OPENMLA_SPARSE_STAGGER=1).
+template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false>
 struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
   using Element = cute::bfloat16_t;
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr bool kDense = kDense_;
   static constexpr bool kSeesaw = kSeesaw_;
+  static constexpr bool kStagger = kStagger_;
+  static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
   static_assert(!(kDense && kSeesaw), "the seesaw order serves the sparse mode only");
   static constexpr int kHeadDimV = 512;
   static_assert(kHeadDimQK == 576 || kHeadDimQK == 512);
