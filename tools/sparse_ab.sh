@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The sparse kernels' A/B runs of their environment switches, in one device call after
+# tools/device_check.sh has built this tree (its build-device/pypkg): each switch timed beside the
+# default in the same interleaved rounds (bench/sparse_decode_vs_flashmla.py --ab), FlashMLA in
+# the same run when .peers/ was carried. Writes ab_prefill.txt, ab_decode.txt and
+# dense_kv.txt into $OUT.
+#
+#   SKIP_BENCH=1 OUT=$OUT tools/device_check.sh; OUT=$OUT tools/sparse_ab.sh
+#                                  (carry [".deps", ".peers", ".pydeps"]; from the repository root)
+#
+# Settings (environment; defaults in brackets):
+#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_STAGGER=1
+#                OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_STAGGER=1,OPENMLA_SPARSE_L2HINT=1]
+#   DECODE_AB    --ab settings of decode's small-batch rows [OPENMLA_SPARSE_SPLIT_OVERHEAD=2
+#                OPENMLA_SPARSE_SPLIT_OVERHEAD=4]
+#   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
+#                --kv-formats)
+#   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 1
+OUT="${OUT:?set OUT}"
+mkdir -p "$OUT"
+PKG="$ROOT/build-device/pypkg"
+[[ -d "$PKG/openmla" ]] || { echo "no $PKG: run tools/device_check.sh first" | tee "$OUT/ab_prefill.txt"; exit 1; }
+t0=$(date +%s)
+left() { echo $((${BUDGET:-540} - ($(date +%s) - t0))); }
+PEER_DIR=""
+shopt -s nullglob
+peer_archive=("$ROOT"/.peers/flash_mla-*.tar.xz)
+shopt -u nullglob
+if [[ ${#peer_archive[@]} -gt 0 ]]; then
+  PEER_DIR="$(mktemp -d)" && tar xJf "${peer_archive[0]}" -C "$PEER_DIR"
+fi
+export PYTHONPATH="$PKG${PEER_DIR:+:$PEER_DIR}" PYTHONUNBUFFERED=1
+bench="$ROOT/bench/sparse_decode_vs_flashmla.py"
+
+ab_args() { local a; for a in $1; do printf -- '--ab %s ' "$a"; done; }
+
+read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_STAGGER=1 OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_STAGGER=1,OPENMLA_SPARSE_L2HINT=1}")"
+timeout 240 python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
+  >"$OUT/ab_prefill.txt" 2>&1
+echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
+
+if [[ $(left) -gt 120 ]]; then
+  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_SPLIT_OVERHEAD=2 OPENMLA_SPARSE_SPLIT_OVERHEAD=4}")"
+  timeout $(($(left) - 60)) python3 "$bench" --rows small-batch --rounds "${ROUNDS:-10}" \
+    "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
+  echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
+fi
+
+if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
+  timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
+    --rounds "${ROUNDS:-10}" >"$OUT/dense_kv.txt" 2>&1
+  echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"
+fi
