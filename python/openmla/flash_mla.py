@@ -17,9 +17,10 @@ prefill) and FlashMLASchedMeta; lse comes back as FlashMLA's: [b, h_q, s_q] with
     `workspace=` (else the FlashMLASchedMeta keeps one from its first call, so later calls
     allocate nothing but their outputs) and `check_values=` (docs/errors.md);
   * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts.
-Dense decode over an FP8 cache (is_fp8_kvcache=True with a block table) runs on the CPU backend;
-on the GPU it raises NotImplementedError (no kernel yet). Not implemented yet (NotImplementedError):
-indexer_topk > 0 in flash_mla_sparse_fwd, and the dense MHA prefill functions (flash_attn_varlen_*).
+Dense decode over an FP8 cache (is_fp8_kvcache=True, or a uint8 cache, with a block table and no
+indices) runs on both backends: any quantised format of docs/formats.md (FlashMLA's dense decode
+never read FP8). Not implemented yet (NotImplementedError): indexer_topk > 0 in
+flash_mla_sparse_fwd, and the dense MHA prefill functions (flash_attn_varlen_*).
 """
 
 from __future__ import annotations
