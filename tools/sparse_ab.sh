@@ -11,8 +11,10 @@
 # Settings (environment; defaults in brackets):
 #   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_STAGGER=1
 #                OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_STAGGER=1,OPENMLA_SPARSE_L2HINT=1]
-#   DECODE_AB    --ab settings of decode's small-batch rows [OPENMLA_SPARSE_SPLIT_OVERHEAD=2
-#                OPENMLA_SPARSE_SPLIT_OVERHEAD=4]
+#   DECODE_AB    --ab settings of decode's small-batch rows [OPENMLA_SPARSE_TILES_PER_SPLIT=2
+#                OPENMLA_SPARSE_TILES_PER_SPLIT=4 OPENMLA_SPARSE_TILES_PER_SPLIT=8
+#                OPENMLA_SPARSE_TILES_PER_SPLIT=16]: the time against split length maps the
+#                small-batch plan (the default plan walks 1-2 tiles a split there)
 #   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
 #                --kv-formats)
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
@@ -58,7 +60,7 @@ timeout 240 python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_
 echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
 
 if [[ $(left) -gt 120 ]]; then
-  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_SPLIT_OVERHEAD=2 OPENMLA_SPARSE_SPLIT_OVERHEAD=4}")"
+  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_TILES_PER_SPLIT=2 OPENMLA_SPARSE_TILES_PER_SPLIT=4 OPENMLA_SPARSE_TILES_PER_SPLIT=8 OPENMLA_SPARSE_TILES_PER_SPLIT=16}")"
   timeout $(($(left) - 60)) python3 "$bench" --rows small-batch --rounds "${ROUNDS:-10}" \
     "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"

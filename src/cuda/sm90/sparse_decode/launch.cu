@@ -42,6 +42,16 @@ int split_overhead() {
   return n <= 16 ? n : 1;
 }
 
+// OPENMLA_SPARSE_TILES_PER_SPLIT=n (1-256, read at every launch; A/B runs of small batches): the
+// sparse mode's split walks n tiles (fewer splits where the workspace bound allows fewer), in
+// place of the plan's choice; 0 (unset) keeps the plan.
+int forced_tiles_per_split() {
+  const char* v = std::getenv("OPENMLA_SPARSE_TILES_PER_SPLIT");
+  if (v == nullptr || v[0] < '1' || v[0] > '9') return 0;
+  const int n = std::atoi(v);
+  return n <= 256 ? n : 0;
+}
+
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 template <typename... Parts>
@@ -235,6 +245,15 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
                   split_overhead());
   if (batch_invariant) {  // one CTA walks a token's whole key list, in the list's order
     plan = {1, static_cast<int>(max_tiles)};
+  } else if (const int forced = forced_tiles_per_split(); forced > 0 && p.block_table == nullptr &&
+                                                          max_tiles > 0) {
+    // Never more splits than the workspace holds (sparse_workspace_bytes' bound).
+    const int64_t limit =
+        max_splits(num_sms(device_index), static_cast<int64_t>(p.problems) * p.m_blocks);
+    int64_t splits = (max_tiles + forced - 1) / forced;
+    splits = splits < limit ? splits : limit;
+    const int64_t tps = (max_tiles + splits - 1) / splits;
+    plan = {static_cast<int>((max_tiles + tps - 1) / tps), static_cast<int>(tps)};
   }
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
