@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""A clock-level model of sparse prefill's compute orders (src/cuda/sm90/sparse_decode/kernel.cuh,
+bf16 tiles by cp.async, d_qk 512, one 64-head CTA on one SM), for ranking orders before spending
+device time on them, as tools/pair_model.py does for dense decode. A ranking aid, not a forecast.
+
+What is modelled, tick by tick (TICK clocks), over many rounds of two 64-key tiles:
+- the tensor pipe, shared by the two compute warpgroups: each warpgroup's wgmma groups run in its
+  issue order; a warpgroup alone gets SOLO of the pipe's peak rate (one warpgroup's m64n64 / n256
+  groups do not fill it: pair_model.py's fitted 193 clocks a 64^3 piece against 128 at peak),
+  two at once share all of it;
+- the fill: the producer waits for a half-stage (32 KB, or a whole 64 KB stage in the default
+  order) to be handed back, spends ISSUE clocks a half issuing its copies, and the bytes then
+  share one L2 -> SM stream of RATE bytes a clock (the SM's share of the L2) and land LAT clocks
+  after they stream;
+- each compute warpgroup: the kernel's steps in order; named barriers as events.
+
+Orders: "default" (WG0: every QK^T, the softmax and P V_L, the previous tile's P V completing under
+the next QK^T; WG1: P V_R), "seesaw" (committed: each warpgroup the QK^T of alternate tiles, both
+maxima exchanged at one barrier), "stagger" (OPENMLA_SPARSE_STAGGER=1) and "stagger_r0" (the
+stagger with WG1's P V on R0 first and its softmax under it: sparse_prefill/NOTES.md lever 2b) and
+"stagger_defer" (the stagger with each warpgroup's second P V completing under its next QK^T:
+lever 2).
+
+Calibration (H100 80GB HBM3, 8c69143, d 512, h_q 64, s_kv 8192: 4096 tokens x 16 rounds over 132
+SMs, ~496 rounds an SM; clocks at 1.75-1.98 GHz): the seesaw 2594 µs is 9.2k-10.3k clocks a round,
+the default order (0.613x against the seesaw's 0.646x in the same job) 9.7k-10.9k, FlashMLA's
+1710 µs 6.0k-6.8k. RATE = 22 B/clk is FlashMLA's 5.0-5.4 TB/s shared by 132 SMs. SOLO 0.66 (the
+fit of pair_model.py), LAT 1200 and ISSUE 600 put the seesaw at 10.2k and the default order at
+10.8k (1.06x; measured 1.054x); --fit prints the grid around them. Model findings (2026-12-05):
+the stagger 1.14-1.17x the seesaw over the whole grid; lever 2b 1.07-1.11x (below the stagger);
+lever 2 (the second P V completing under the next QK^T) 0.91-1.01x, and in its first form a
+deadlock (each warpgroup's deferred release waits, through the refill, on the other's); with a
+free fill the stagger would take 4.9k clocks: the fill is the bound.
+
+    python3 tools/seesaw_model.py            # every order at the fitted parameters
+    python3 tools/seesaw_model.py --fit      # the calibration grid
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+PIECE = 128      # peak clocks of one 64 x 64 x 64 MMA piece
+SOFTMAX = 420    # mask, row max, exp, P to registers and shared memory (pair_model.py)
+MAX_XCHG = 80    # a row-max exchange through shared memory around a named barrier
+LOAD_P = 120     # the other warpgroup's P from shared memory
+RESCALE = 60     # O *= factor
+ISSUE_MMA = 30   # issuing a wgmma group
+WAIT_LAT = 60    # a wgmma wait returning after its group is done
+HALF = 32768     # bytes of a half-stage at d 512 (64 keys x 256 dims x 2 B)
+TICK = 4
+
+
+class Sim:
+    def __init__(self, solo, lat, issue, rate, order):
+        self.solo, self.lat, self.issue, self.rate = solo, lat, issue, rate
+        self.order = order
+        self.t = 0
+        self.queue = {0: [], 1: []}   # per warpgroup: [name, remaining peak clocks]
+        self.done = {}                # job name -> time done (+ WAIT_LAT when waited)
+        self.stream = []              # [key, remaining bytes]
+        self.landing = []             # (time, key)
+        self.landed = set()
+        self.released = {}            # (stage, half, round) -> releases
+        self.events = set()
+        self.marks = {}
+        self.busy = 0.0
+        whole = order == "default"
+        self.need = {(0, 0): 2, (1, 0): 2} if whole else {(0, 0): 1, (0, 1): 2, (1, 0): 2, (1, 1): 1}
+
+    def tick(self):
+        active = [wg for wg in (0, 1) if self.queue[wg]]
+        share = (1.0 if len(active) == 2 else self.solo) / max(len(active), 1)
+        for wg in active:
+            job = self.queue[wg][0]
+            job[1] -= share * TICK
+            self.busy += share * TICK
+            if job[1] <= 0:
+                self.done[job[0]] = self.t + TICK
+                self.queue[wg].pop(0)
+        budget = self.rate * TICK
+        while self.stream and budget > 0:
+            take = min(budget, self.stream[0][1])
+            self.stream[0][1] -= take
+            budget -= take
+            if self.stream[0][1] <= 0:
+                self.landing.append((self.t + TICK + self.lat, self.stream[0][0]))
+                self.stream.pop(0)
+        for when, key in list(self.landing):
+            if when <= self.t + TICK:
+                self.landed.add(key)
+                self.landing.remove((when, key))
+        self.t += TICK
+
+
+def agent(sim: Sim, steps):
+    """Runs a list of steps; yields while blocked or busy."""
+    for step in steps:
+        kind = step[0]
+        if kind == "cpu":
+            end = sim.t + step[1]
+            while sim.t < end:
+                yield
+        elif kind == "mma":
+            sim.queue[step[1]].append([step[2], step[3]])
+            end = sim.t + ISSUE_MMA
+            while sim.t < end:
+                yield
+        elif kind == "wait_job":
+            while step[1] not in sim.done or sim.t < sim.done[step[1]] + WAIT_LAT:
+                yield
+        elif kind == "wait_full":
+            while step[1] not in sim.landed:
+                yield
+        elif kind == "wait_empty":
+            s, h, r = step[1]
+            if r > 0:
+                while sim.released.get((s, h, r - 1), 0) < sim.need[(s, h)]:
+                    yield
+        elif kind == "fill":
+            end = sim.t + sim.issue * step[2] // HALF
+            while sim.t < end:
+                yield
+            sim.stream.append([step[1], step[2]])
+        elif kind == "release":
+            sim.released[step[1]] = sim.released.get(step[1], 0) + 1
+        elif kind == "signal":
+            sim.events.add(step[1])
+        elif kind == "await":
+            while step[1] not in sim.events:
+                yield
+        elif kind == "mark":
+            sim.marks[step[1]] = sim.t
+        else:
+            raise ValueError(step)
+
+
+def producer_steps(order, rounds):
+    steps = []
+    for r in range(rounds):
+        if order == "default":
+            for s in (0, 1):
+                steps += [("wait_empty", (s, 0, r)), ("fill", (s, 0, r), 2 * HALF)]
+        else:
+            for s, h in ((0, 0), (1, 1), (0, 1), (1, 0)):
+                steps += [("wait_empty", (s, h, r)), ("fill", (s, h, r), HALF)]
+    return steps
+
+
+def wg_steps(order, wg, rounds):
+    steps = []
+    qk_half = 4 * PIECE  # 4 pieces of 64 dims
+    pv = 4 * PIECE       # 64 x 256 x 64
+    for r in range(rounds):
+        if order == "default":
+            for s in (0, 1):
+                k = 2 * r + s
+                if wg == 0:
+                    steps += [("wait_full", (s, 0, r)), ("mma", 0, ("qk", k), 2 * qk_half)]
+                    if k > 0:  # the previous tile's P V completes under this QK^T
+                        ps, pr = (k - 1) % 2, (k - 1) // 2
+                        steps += [("wait_job", ("pvL", k - 1)), ("release", (ps, 0, pr))]
+                    steps += [("wait_job", ("qk", k)), ("cpu", SOFTMAX), ("signal", ("P", k)),
+                              ("cpu", RESCALE), ("mma", 0, ("pvL", k), pv)]
+                else:
+                    steps += [("await", ("P", k)), ("cpu", LOAD_P + RESCALE),
+                              ("mma", 1, ("pvR", k), pv), ("wait_job", ("pvR", k)),
+                              ("release", (s, 0, r))]
+            steps.append(("mark", r))
+            continue
+        own, other = wg, 1 - wg
+        first, second = wg, 1 - wg
+        pv_half = wg
+        t_own, t_other = 2 * r + own, 2 * r + other
+        qk = [("wait_full", (own, first, r)), ("mma", wg, ("qk1", t_own), qk_half),
+              ("wait_full", (own, second, r)), ("mma", wg, ("qk2", t_own), qk_half),
+              ("wait_job", ("qk2", t_own)), ("release", (own, pv_half ^ 1, r))]
+        pv_own = [("mma", wg, ("pv", wg, t_own), pv), ("wait_job", ("pv", wg, t_own)),
+                  ("release", (own, pv_half, r))]
+        pv_other = [("mma", wg, ("pv", wg, t_other), pv), ("wait_job", ("pv", wg, t_other)),
+                    ("release", (other, pv_half, r))]
+        if order == "seesaw":
+            steps += qk + [("signal", ("max", r, wg)), ("await", ("max", r, other)),
+                           ("cpu", MAX_XCHG + SOFTMAX), ("signal", ("P", t_own)),
+                           ("cpu", RESCALE)] + pv_own + \
+                [("await", ("P", t_other)), ("cpu", LOAD_P)] + pv_other
+        elif order == "stagger_defer":
+            # lever 2: the other tile's P V completes under the next round's QK^T (its wait and
+            # its half's release move past that QK^T's issue)
+            prev = [("wait_job", ("pv", wg, t_other - 2)), ("release", (other, pv_half, r - 1))] \
+                if r > 0 else []
+            # (after the first half's QK^T issue: after the second half's, the two warpgroups
+            # wait for each other's deferred release through the refill, a deadlock the model
+            # found)
+            qk_d = qk[:2] + prev + qk[2:]
+            tail = [("mma", wg, ("pv", wg, t_other), pv)]
+            if wg == 0:
+                steps += qk_d + [("signal", ("max", r, 0)), ("cpu", SOFTMAX),
+                                 ("signal", ("P", t_own)), ("cpu", RESCALE)] + pv_own + \
+                    [("await", ("final", r)), ("cpu", MAX_XCHG), ("await", ("P", t_other)),
+                     ("cpu", LOAD_P)] + tail
+            else:
+                steps += qk_d + [("await", ("max", r, 0)), ("cpu", MAX_XCHG),
+                                 ("signal", ("final", r)), ("cpu", SOFTMAX),
+                                 ("signal", ("P", t_own)), ("cpu", RESCALE)] + pv_own + \
+                    [("await", ("P", t_other)), ("cpu", LOAD_P)] + tail
+            if r == rounds - 1:
+                steps += [("wait_job", ("pv", wg, t_other)), ("release", (other, pv_half, r))]
+        elif order in ("stagger", "stagger_r0") and wg == 0:
+            steps += qk + [("signal", ("max", r, 0)), ("cpu", SOFTMAX), ("signal", ("P", t_own)),
+                           ("cpu", RESCALE)] + pv_own + \
+                [("await", ("final", r)), ("cpu", MAX_XCHG), ("await", ("P", t_other)),
+                 ("cpu", LOAD_P)] + pv_other
+        elif order == "stagger":
+            steps += qk + [("await", ("max", r, 0)), ("cpu", MAX_XCHG), ("signal", ("final", r)),
+                           ("cpu", SOFTMAX), ("signal", ("P", t_own)), ("cpu", RESCALE)] + \
+                pv_own + [("await", ("P", t_other)), ("cpu", LOAD_P)] + pv_other
+        elif order == "stagger_r0":
+            steps += qk + [("await", ("max", r, 0)), ("cpu", MAX_XCHG), ("signal", ("final", r)),
+                           ("cpu", RESCALE), ("await", ("P", t_other)), ("cpu", LOAD_P),
+                           ("mma", 1, ("pv", 1, t_other), pv), ("cpu", SOFTMAX),
+                           ("wait_job", ("pv", 1, t_other)), ("release", (other, pv_half, r)),
+                           ("signal", ("P", t_own))] + pv_own
+        else:
+            raise ValueError(order)
+        steps.append(("mark", r))
+    return steps
+
+
+def run(order, solo, lat, issue, rate, rounds=24):
+    sim = Sim(solo, lat, issue, rate, order)
+    agents = [agent(sim, producer_steps(order, rounds)), agent(sim, wg_steps(order, 0, rounds)),
+              agent(sim, wg_steps(order, 1, rounds))]
+    live = list(agents)
+    while live:
+        for a in list(live):
+            try:
+                next(a)
+            except StopIteration:
+                live.remove(a)
+        sim.tick()
+        if sim.t > rounds * 100000:
+            raise RuntimeError(f"{order}: the model's program does not finish (deadlock)")
+    r0, r1 = rounds // 4, 3 * rounds // 4
+    return (sim.marks[r1] - sim.marks[r0]) / (r1 - r0), sim.busy / (2 * 8 * PIECE * 2 * rounds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--solo", type=float, default=0.66)
+    ap.add_argument("--lat", type=int, default=1200)
+    ap.add_argument("--issue", type=int, default=600)
+    ap.add_argument("--rate", type=float, default=22.0)
+    ap.add_argument("--fit", action="store_true")
+    args = ap.parse_args()
+    if args.fit:
+        print("| solo | lat | issue | default | seesaw | default / seesaw (measured 9.3k / 8.8k) |")
+        print("|---|---|---|---|---|---|")
+        for solo, lat, issue in itertools.product((0.5, 0.66, 0.8), (600, 1200, 2000),
+                                                  (300, 600, 1200)):
+            d, _ = run("default", solo, lat, issue, args.rate)
+            s, _ = run("seesaw", solo, lat, issue, args.rate)
+            print(f"| {solo} | {lat} | {issue} | {d:.0f} | {s:.0f} | {d / s:.2f} |")
+        return
+    print(f"solo {args.solo}, fill latency {args.lat} clk, issue {args.issue} clk a half, stream "
+          f"{args.rate} B/clk; tensor work a round at peak {2 * 2 * 8 * PIECE} clk")
+    print("| order | clocks a round | vs seesaw |")
+    print("|---|---|---|")
+    base = run("seesaw", args.solo, args.lat, args.issue, args.rate)[0]
+    for order in ("default", "seesaw", "stagger", "stagger_r0", "stagger_defer"):
+        per_round, _ = run(order, args.solo, args.lat, args.issue, args.rate)
+        print(f"| {order} | {per_round:.0f} | {base / per_round:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
