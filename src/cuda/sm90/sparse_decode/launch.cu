@@ -292,12 +292,14 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // prefill 1.10-1.15x at d 512 and 1.04-1.06x at d 576 with one m-block; at d 576 with two
   // (h_q 128) it was 0.97-1.01x on prefill and 0.87x on bf16 decode, which keep the default
   // order. OPENMLA_SPARSE_SEESAW=0 (read at every launch) keeps it everywhere, for A/B runs.
-  p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
-             (p.topk[1] == 0 || p.cache[1].async_copy) && (d_qk == 512 || p.m_blocks == 1) &&
-             !env_is("OPENMLA_SPARSE_SEESAW", "0");
   // OPENMLA_SPARSE_STAGGER=1 (read at every launch): the seesaw with staggered maxima, WG1's
-  // softmax under WG0's P V (sparse_prefill/NOTES.md lever 0); not yet measured, for A/B runs.
-  p.stagger = p.seesaw && env_is("OPENMLA_SPARSE_STAGGER", "1");
+  // softmax under WG0's P V (sparse_prefill/NOTES.md lever 0), wherever the seesaw can run (also
+  // at d 576 with two m-blocks, so an A/B run measures it there too); not yet measured.
+  const bool stagger = env_is("OPENMLA_SPARSE_STAGGER", "1");
+  p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
+             (p.topk[1] == 0 || p.cache[1].async_copy) &&
+             (d_qk == 512 || p.m_blocks == 1 || stagger) && !env_is("OPENMLA_SPARSE_SEESAW", "0");
+  p.stagger = p.seesaw && stagger;
   // OPENMLA_SPARSE_L2HINT=1: the seesaw producer's copies with an evict-last policy and a 256 B
   // L2 prefetch (sparse_prefill/NOTES.md lever 1); not yet measured, for A/B runs.
   p.l2_hint = p.seesaw && env_is("OPENMLA_SPARSE_L2HINT", "1");
