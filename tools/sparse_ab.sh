@@ -5,8 +5,10 @@
 # the same run when .peers/ was carried. Writes ab_prefill.txt, ab_decode.txt and
 # dense_kv.txt into $OUT.
 #
-#   SKIP_BENCH=1 OUT=$OUT tools/device_check.sh; OUT=$OUT tools/sparse_ab.sh
-#                                  (carry [".deps", ".peers", ".pydeps"]; from the repository root)
+#   s=$(date +%s); SKIP_BENCH=1 OUT=$OUT tools/device_check.sh;
+#   BUDGET=$((585 - $(date +%s) + s)) OUT=$OUT tools/sparse_ab.sh
+#                                  (carry [".deps", ".peers", ".pydeps"]; from the repository root;
+#                                  one device call: the machine is released 30 s after a call)
 #
 # Settings (environment; defaults in brackets):
 #   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_STAGGER=1
@@ -55,7 +57,8 @@ ab_args() {
 [[ -n "$failed_switches" ]] && echo "left out (their GPU tests failed):$failed_switches" | tee "$OUT/ab_prefill.txt"
 
 read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_STAGGER=1 OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_STAGGER=1,OPENMLA_SPARSE_L2HINT=1}")"
-timeout 240 python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
+lim=$(left); [[ $lim -gt 240 ]] && lim=240
+timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
   >>"$OUT/ab_prefill.txt" 2>&1
 echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
 
