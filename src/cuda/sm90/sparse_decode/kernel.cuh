@@ -674,8 +674,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if constexpr (Traits::kSeesaw) {
-      if (params.l2_hint) {
-        produce_halves<Traits, true>(params, smem, problem, split);
+      // The L2 hint only in the stagger's kernel: the measured kernels stay as they were.
+      if constexpr (Traits::kStagger) {
+        if (params.l2_hint) {
+          produce_halves<Traits, true>(params, smem, problem, split);
+        } else {
+          produce_halves<Traits, false>(params, smem, problem, split);
+        }
       } else {
         produce_halves<Traits, false>(params, smem, problem, split);
       }

@@ -295,14 +295,15 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // OPENMLA_SPARSE_STAGGER=1 (read at every launch): the seesaw with staggered maxima, WG1's
   // softmax under WG0's P V (sparse_prefill/NOTES.md lever 0), wherever the seesaw can run (also
   // at d 576 with two m-blocks, so an A/B run measures it there too); not yet measured.
-  const bool stagger = env_is("OPENMLA_SPARSE_STAGGER", "1");
+  // OPENMLA_SPARSE_L2HINT=1: the stagger with an evict-last policy and a 256 B L2 prefetch on its
+  // producer's copies (lever 1; the A/B of the two switches measures the hint on its own).
+  const bool l2_hint = env_is("OPENMLA_SPARSE_L2HINT", "1");
+  const bool stagger = env_is("OPENMLA_SPARSE_STAGGER", "1") || l2_hint;
   p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
              (p.topk[1] == 0 || p.cache[1].async_copy) &&
              (d_qk == 512 || p.m_blocks == 1 || stagger) && !env_is("OPENMLA_SPARSE_SEESAW", "0");
   p.stagger = p.seesaw && stagger;
-  // OPENMLA_SPARSE_L2HINT=1: the seesaw producer's copies with an evict-last policy and a 256 B
-  // L2 prefetch (sparse_prefill/NOTES.md lever 1); not yet measured, for A/B runs.
-  p.l2_hint = p.seesaw && env_is("OPENMLA_SPARSE_L2HINT", "1");
+  p.l2_hint = p.stagger && l2_hint;
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

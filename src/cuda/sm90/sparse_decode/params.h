@@ -89,7 +89,7 @@ struct SparseDecodeParams {
   bool pair;            // by_token, one codec, m_blocks even: 2-CTA clusters share the decoding
                         // (pair.cuh)
   bool stagger;         // seesaw: with staggered maxima (OPENMLA_SPARSE_STAGGER=1, A/B runs)
-  bool l2_hint;         // seesaw: the producer's copies keep rows in L2 (OPENMLA_SPARSE_L2HINT=1)
+  bool l2_hint;         // stagger: its producer's copies keep rows in L2 (OPENMLA_SPARSE_L2HINT=1)
 };
 
 }  // namespace openmla::cuda::sm90
