@@ -275,6 +275,9 @@ def main(argv) -> int:
                 except Finding as f:
                     bad += 1
                     print(f"{name:13s} tiles {n_tiles}: FINDING: {f}")
+    total = len(orders) * 2 * 9
+    print(f"{total} configurations x {args.schedules} schedules: "
+          f"{'no finding' if not bad else f'{bad} with findings'}")
     return 1 if bad else 0
 
 
