@@ -30,9 +30,15 @@ fit of pair_model.py), LAT 1200 and ISSUE 600 put the seesaw at 10.2k and the de
 the stagger 1.14-1.17x the seesaw over the whole grid; lever 2b 1.07-1.11x (below the stagger);
 lever 2 (the second P V completing under the next QK^T) 0.91-1.01x, and in its first form a
 deadlock (each warpgroup's deferred release waits, through the refill, on the other's); with a
-free fill the stagger would take 4.9k clocks: the fill is the bound.
+free fill the stagger would take 4.9k clocks: the fill is the bound. Where the stagger still
+waits (instrumented run): the producer waits for L0 53% of the time (L0 goes back only after
+WG0's own P V, and its refill, ~3.3k clocks of issue, stream and latency, closes the loop back
+to WG0's next QK^T). Finer buffers cut that loop: with --parts 2 (a barrier pair for every 128
+dims) the stagger takes 7.6k clocks (1.34x the seesaw), with --parts 4 7.0k (1.47x); with a cost
+of 50-100 peak clocks a wgmma group (--group) still 7.3k-8.3k (1.28-1.43x).
 
     python3 tools/seesaw_model.py            # every order at the fitted parameters
+    python3 tools/seesaw_model.py --parts 2  # the seesaw orders with a barrier pair a quarter
     python3 tools/seesaw_model.py --fit      # the calibration grid
 """
 from __future__ import annotations
@@ -48,6 +54,8 @@ RESCALE = 60     # O *= factor
 ISSUE_MMA = 30   # issuing a wgmma group
 WAIT_LAT = 60    # a wgmma wait returning after its group is done
 HALF = 32768     # bytes of a half-stage at d 512 (64 keys x 256 dims x 2 B)
+PARTS = 1        # buffers (barrier pairs) a half-stage: --parts
+GROUP = 0        # peak clocks a wgmma group costs beyond its work (its fence, commit, drain): --group
 TICK = 4
 
 
@@ -102,7 +110,7 @@ def agent(sim: Sim, steps):
             while sim.t < end:
                 yield
         elif kind == "mma":
-            sim.queue[step[1]].append([step[2], step[3]])
+            sim.queue[step[1]].append([step[2], step[3] + GROUP])
             end = sim.t + ISSUE_MMA
             while sim.t < end:
                 yield
@@ -115,7 +123,8 @@ def agent(sim: Sim, steps):
         elif kind == "wait_empty":
             s, h, r = step[1]
             if r > 0:
-                while sim.released.get((s, h, r - 1), 0) < sim.need[(s, h)]:
+                half = h if sim.order == "default" else h // PARTS
+                while sim.released.get((s, h, r - 1), 0) < sim.need[(s, half)]:
                     yield
         elif kind == "fill":
             end = sim.t + sim.issue * step[2] // HALF
@@ -143,7 +152,9 @@ def producer_steps(order, rounds):
                 steps += [("wait_empty", (s, 0, r)), ("fill", (s, 0, r), 2 * HALF)]
         else:
             for s, h in ((0, 0), (1, 1), (0, 1), (1, 0)):
-                steps += [("wait_empty", (s, h, r)), ("fill", (s, h, r), HALF)]
+                for q in range(PARTS):
+                    steps += [("wait_empty", (s, h * PARTS + q, r)),
+                              ("fill", (s, h * PARTS + q, r), HALF // PARTS)]
     return steps
 
 
@@ -172,28 +183,38 @@ def wg_steps(order, wg, rounds):
         first, second = wg, 1 - wg
         pv_half = wg
         t_own, t_other = 2 * r + own, 2 * r + other
-        qk = [("wait_full", (own, first, r)), ("mma", wg, ("qk1", t_own), qk_half),
-              ("wait_full", (own, second, r)), ("mma", wg, ("qk2", t_own), qk_half),
-              ("wait_job", ("qk2", t_own)), ("release", (own, pv_half ^ 1, r))]
-        pv_own = [("mma", wg, ("pv", wg, t_own), pv), ("wait_job", ("pv", wg, t_own)),
-                  ("release", (own, pv_half, r))]
-        pv_other = [("mma", wg, ("pv", wg, t_other), pv), ("wait_job", ("pv", wg, t_other)),
-                    ("release", (other, pv_half, r))]
+        n = PARTS  # buffers a half-stage (each with its own barriers): (stage, half * n + q)
+        qk = []
+        for i, half in enumerate((first, second)):
+            for q in range(n):
+                qk += [("wait_full", (own, half * n + q, r)),
+                       ("mma", wg, ("qk", t_own, i, q), qk_half // n)]
+        qk += [("wait_job", ("qk", t_own, 1, n - 1))]
+        qk += [("release", (own, (pv_half ^ 1) * n + q, r)) for q in range(n)]
+
+        def pv_of(stage, tile):
+            steps_pv = [("mma", wg, ("pv", wg, tile, q), pv // n) for q in range(n)]
+            for q in range(n):  # each part handed back as its group completes
+                steps_pv += [("wait_job", ("pv", wg, tile, q)), ("release", (stage, pv_half * n + q, r))]
+            return steps_pv
+        pv_own = pv_of(own, t_own)
+        pv_other = pv_of(other, t_other)
         if order == "seesaw":
             steps += qk + [("signal", ("max", r, wg)), ("await", ("max", r, other)),
                            ("cpu", MAX_XCHG + SOFTMAX), ("signal", ("P", t_own)),
                            ("cpu", RESCALE)] + pv_own + \
                 [("await", ("P", t_other)), ("cpu", LOAD_P)] + pv_other
         elif order == "stagger_defer":
+            assert n == 1, "stagger_defer is modelled with whole halves"
             # lever 2: the other tile's P V completes under the next round's QK^T (its wait and
             # its half's release move past that QK^T's issue)
-            prev = [("wait_job", ("pv", wg, t_other - 2)), ("release", (other, pv_half, r - 1))] \
+            prev = [("wait_job", ("pv", wg, t_other - 2, 0)), ("release", (other, pv_half, r - 1))] \
                 if r > 0 else []
             # (after the first half's QK^T issue: after the second half's, the two warpgroups
             # wait for each other's deferred release through the refill, a deadlock the model
             # found)
             qk_d = qk[:2] + prev + qk[2:]
-            tail = [("mma", wg, ("pv", wg, t_other), pv)]
+            tail = [("mma", wg, ("pv", wg, t_other, 0), pv)]
             if wg == 0:
                 steps += qk_d + [("signal", ("max", r, 0)), ("cpu", SOFTMAX),
                                  ("signal", ("P", t_own)), ("cpu", RESCALE)] + pv_own + \
@@ -205,7 +226,7 @@ def wg_steps(order, wg, rounds):
                                  ("signal", ("P", t_own)), ("cpu", RESCALE)] + pv_own + \
                     [("await", ("P", t_other)), ("cpu", LOAD_P)] + tail
             if r == rounds - 1:
-                steps += [("wait_job", ("pv", wg, t_other)), ("release", (other, pv_half, r))]
+                steps += [("wait_job", ("pv", wg, t_other, 0)), ("release", (other, pv_half, r))]
         elif order in ("stagger", "stagger_r0") and wg == 0:
             steps += qk + [("signal", ("max", r, 0)), ("cpu", SOFTMAX), ("signal", ("P", t_own)),
                            ("cpu", RESCALE)] + pv_own + \
@@ -252,7 +273,12 @@ def main() -> None:
     ap.add_argument("--issue", type=int, default=600)
     ap.add_argument("--rate", type=float, default=22.0)
     ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--group", type=int, default=0)
+    ap.add_argument("--parts", type=int, default=1, choices=(1, 2, 4),
+                    help="barrier pairs a half-stage in the seesaw orders (4: one a 64-dim piece)")
     args = ap.parse_args()
+    global PARTS, GROUP
+    PARTS, GROUP = args.parts, args.group
     if args.fit:
         print("| solo | lat | issue | default | seesaw | default / seesaw (measured 9.3k / 8.8k) |")
         print("|---|---|---|---|---|---|")
@@ -267,7 +293,9 @@ def main() -> None:
     print("| order | clocks a round | vs seesaw |")
     print("|---|---|---|")
     base = run("seesaw", args.solo, args.lat, args.issue, args.rate)[0]
-    for order in ("default", "seesaw", "stagger", "stagger_r0", "stagger_defer"):
+    orders = ("default", "seesaw", "stagger", "stagger_r0", "stagger_defer") if PARTS == 1 else \
+        ("seesaw", "stagger")
+    for order in orders:
         per_round, _ = run(order, args.solo, args.lat, args.issue, args.rate)
         print(f"| {order} | {per_round:.0f} | {base / per_round:.2f}x |")
 
