@@ -219,12 +219,14 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
     OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
   run_tests gpu_tests_default_order "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_SEESAW=0 'Sparse*'
-  # The A/B switches of the seesaw order (off by default): the staggered maxima, and the stagger
-  # with the L2 hint.
+  # The A/B switches of the seesaw order (off by default): the staggered maxima, the stagger
+  # with the L2 hint, and the stagger with quarter-stage barriers.
   TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_stagger "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_STAGGER=1 'Sparse*'
   TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_l2hint "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'
+  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_quarters "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
+    OPENMLA_SPARSE_QUARTERS=1 'Sparse*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

@@ -2,8 +2,8 @@
 """A model of the sparse kernel's seesaw synchronisation (src/cuda/sm90/sparse_decode/kernel.cuh
 consume, producer.cuh produce_halves), run on the CPU under many random interleavings to find
 deadlocks and buffer races before a GPU does. It mirrors the order of every barrier operation and
-every shared-memory buffer access of the three warpgroups, for the committed seesaw order and the
-staggered one (kStagger); each warpgroup is one agent (its four warps act alike), each named
+every shared-memory buffer access of the three warpgroups, for the committed seesaw order, the
+staggered one (kStagger) and the stagger with quarter-stage barriers (kQuarters); each warpgroup is one agent (its four warps act alike), each named
 barrier counts warpgroups (128 threads each), each mbarrier counts warp arrivals.
 
 Checked, for tile counts 0..8 and many schedules each:
@@ -30,17 +30,22 @@ class Finding(Exception):
 
 
 class World:
-    def __init__(self, n_tiles: int, stagger: bool, d576: bool, mutation: str = ""):
+    def __init__(self, n_tiles: int, stagger: bool, d576: bool, mutation: str = "",
+                 quarters: bool = False):
         self.mut = mutation  # a deliberate bug (--self-test: each must be found)
         self.n_tiles = n_tiles
         self.stagger = stagger
+        self.n = 2 if quarters else 1  # parts a half (kParts / 2)
         # d 576: stage 0's P lives in its RoPE piece (R half), written by the producer's R0 fill
         self.p0 = "rope0" if d576 else "P0"
-        # mbarriers (2 stage + half): arrivals needed per phase, arrivals so far, phase parity
-        self.full_need = [4, 4, 4, 4]
-        self.empty_need = [4, 8, 8, 4]  # L0: WG0 only, R0 and L1: both, R1: WG1 only
-        self.full = [[0, 0] for _ in range(4)]   # [arrivals, completed phases]
-        self.empty = [[0, 0] for _ in range(4)]
+        # mbarriers (kParts stage + part, part = half n + q): arrivals needed per phase, and
+        # [arrivals so far, completed phases]
+        n = self.n
+        self.full_need = [4] * (4 * n)
+        # L0: WG0 only, R0 and L1: both, R1: WG1 only
+        self.empty_need = [4 if (i // (2 * n)) == (i % (2 * n)) // n else 8 for i in range(4 * n)]
+        self.full = [[0, 0] for _ in range(4 * n)]
+        self.empty = [[0, 0] for _ in range(4 * n)]
         # named barriers: id -> (arrivals this generation by wg, generation)
         self.named: dict[int, list] = {}
         # buffer versions: name -> (value tag)
@@ -86,12 +91,14 @@ def producer(w: World):
         odd = (w.stagger and w.mut != "no_zero_tile") or 2 * it + 1 < n
 
         def fill(s, h, it=it):
-            yield lambda: w.mb_ready(w.empty, 2 * s + h, (it & 1) ^ 1)
-            tile = 2 * it + s
-            w.write(f"half{s}{'LR'[h]}", ("tile", tile))
-            if s == 0 and h == 1 and w.p0 == "rope0":
-                w.write("rope0", ("tile", tile))
-            w.mb_arrive(w.full, w.full_need, 2 * s + h, 4)
+            for q in range(w.n):
+                b = 2 * w.n * s + w.n * h + q
+                yield lambda b=b: w.mb_ready(w.empty, b, (it & 1) ^ 1)
+                tile = 2 * it + s
+                w.write(f"part{s}{w.n * h + q}", ("tile", tile))
+                if s == 0 and h == 1 and q == w.n - 1 and w.p0 == "rope0":
+                    w.write("rope0", ("tile", tile))  # the RoPE piece goes with R's last part
+                w.mb_arrive(w.full, w.full_need, b, 4)
 
         yield from fill(0, 0)
         if odd:
@@ -133,20 +140,32 @@ def consumer(w: World, wg: int, nb: Named):
     pv_half = wg
     who = f"WG{wg}"
 
+    parts = w.n  # parts a half
+
     def own_qk(it):
         phase = it & 1
         tile = 2 * it + own
-        yield lambda: w.mb_ready(w.full, 2 * own + first_half, phase)
-        w.read(f"half{own}{'LR'[first_half]}", ("tile", tile), who)
-        yield lambda: w.mb_ready(w.full, 2 * own + second_half, phase)
-        w.read(f"half{own}{'LR'[second_half]}", ("tile", tile), who)
+        for half in (first_half, second_half):
+            for q in range(parts):
+                b = 2 * parts * own + parts * half + q
+                yield lambda b=b: w.mb_ready(w.full, b, phase)
+                w.read(f"part{own}{parts * half + q}", ("tile", tile), who)
         if own == 0 and w.p0 == "rope0":
             w.read("rope0", ("tile", tile), who)  # the RoPE piece, read by QK^T
-        w.mb_arrive(w.empty, w.empty_need, 2 * own + (pv_half ^ 1), 4)
+        for q in range(parts):
+            w.mb_arrive(w.empty, w.empty_need, 2 * parts * own + parts * (pv_half ^ 1) + q, 4)
 
     def pv(stage, it):
-        w.read(f"half{stage}{'LR'[pv_half]}", ("tile", 2 * it + stage), who)
-        w.mb_arrive(w.empty, w.empty_need, 2 * stage + pv_half, 4)
+        if w.mut == "pv_hands_back_before_reading":  # every part back before the group reads it
+            for q in range(parts):
+                w.mb_arrive(w.empty, w.empty_need, 2 * parts * stage + parts * pv_half + q, 4)
+            yield lambda: True
+            for q in range(parts):
+                w.read(f"part{stage}{parts * pv_half + q}", ("tile", 2 * it + stage), who)
+            return
+        for q in range(parts):  # each part handed back as its group completes
+            w.read(f"part{stage}{parts * pv_half + q}", ("tile", 2 * it + stage), who)
+            w.mb_arrive(w.empty, w.empty_need, 2 * parts * stage + parts * pv_half + q, 4)
 
     if not w.stagger:
         for it in range(n_iter):
@@ -161,11 +180,11 @@ def consumer(w: World, wg: int, nb: Named):
                 w.write(w.p0 if own == 0 else "P1", ("P", 2 * it + own))
                 nb.arrive(1 + own, wg)
             if mine:
-                pv(own, it)
+                yield from pv(own, it)
             if theirs:
                 yield from nb.sync(1 + other, wg)
                 w.read(w.p0 if other == 0 else "P1", ("P", 2 * it + other), who)
-                pv(other, it)
+                yield from pv(other, it)
     else:
         for it in range(n_iter):
             yield from own_qk(it)
@@ -174,7 +193,7 @@ def consumer(w: World, wg: int, nb: Named):
                 nb.arrive(6, 0)
                 w.write(w.p0, ("P", 2 * it))
                 nb.arrive(1, 0)
-                pv(0, it)
+                yield from pv(0, it)
                 if w.mut == "wg0_no_final_wait":
                     nb.arrive(7, 0)
                 else:
@@ -182,7 +201,7 @@ def consumer(w: World, wg: int, nb: Named):
                 w.read("xmax1", ("final", it), who)
                 yield from nb.sync(2, 0)
                 w.read("P1", ("P", 2 * it + 1), who)
-                pv(1, it)
+                yield from pv(1, it)
             else:
                 if w.mut == "wg1_no_max_wait":
                     nb.arrive(6, 1)
@@ -193,16 +212,17 @@ def consumer(w: World, wg: int, nb: Named):
                 nb.arrive(7, 1)
                 w.write("P1", ("P", 2 * it + 1))
                 nb.arrive(2, 1)
-                pv(1, it)
+                yield from pv(1, it)
                 yield from nb.sync(1, 1)
                 if w.mut == "wg1_releases_r0_early":  # R0 handed back before P0 and V_R are read
-                    w.mb_arrive(w.empty, w.empty_need, 1, 4)
+                    for q in range(parts):
+                        w.mb_arrive(w.empty, w.empty_need, parts + q, 4)
                     yield lambda: True  # (the producer may run here)
                     w.read(w.p0, ("P", 2 * it), who)
-                    w.read("half0R", ("tile", 2 * it), who)
+                    w.read(f"part0{parts}", ("tile", 2 * it), who)
                 else:
                     w.read(w.p0, ("P", 2 * it), who)
-                    pv(0, it)
+                    yield from pv(0, it)
     # the row sums (and the stagger's maxima) through the xmax buffer, one barrier
     if wg == 1:
         w.write("sums", ("sums",))
@@ -216,8 +236,8 @@ def consumer(w: World, wg: int, nb: Named):
 
 
 def run_one(n_tiles: int, stagger: bool, d576: bool, rng: random.Random,
-            mutation: str = "") -> None:
-    w = World(n_tiles, stagger, d576, mutation)
+            mutation: str = "", quarters: bool = False) -> None:
+    w = World(n_tiles, stagger, d576, mutation, quarters)
     nb = Named(w)
     agents = {"producer": producer(w), "WG0": consumer(w, 0, nb), "WG1": consumer(w, 1, nb)}
     waiting = {name: None for name in agents}
@@ -233,7 +253,7 @@ def run_one(n_tiles: int, stagger: bool, d576: bool, rng: random.Random,
         except StopIteration:
             done.add(a)
     # every stage half the producer filled was released (the barriers end balanced)
-    for i in range(4):
+    for i in range(len(w.empty)):
         if w.empty[i][0] != 0:
             raise Finding(f"empty barrier {i} ends with {w.empty[i][0]} stray arrivals")
 
@@ -241,36 +261,38 @@ def run_one(n_tiles: int, stagger: bool, d576: bool, rng: random.Random,
 def main(argv) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schedules", type=int, default=2000)
-    ap.add_argument("--order", choices=("both", "seesaw", "stagger"), default="both")
+    ap.add_argument("--order", choices=("all", "seesaw", "stagger", "quarters"), default="all")
     ap.add_argument("--self-test", action="store_true",
                     help="check that each deliberate bug of the stagger is found")
     args = ap.parse_args(argv)
     if args.self_test:
         missed = 0
         for mutation in ("no_zero_tile", "wg1_no_max_wait", "wg0_no_final_wait",
-                         "wg1_releases_r0_early"):
+                         "wg1_releases_r0_early", "pv_hands_back_before_reading"):
             found = None
-            for n_tiles in range(1, 9):
+            for n_tiles, quarters in ((t, q) for q in (False, True) for t in range(1, 9)):
                 rng = random.Random(n_tiles)
                 try:
                     for _ in range(args.schedules):
-                        run_one(n_tiles, True, True, rng, mutation)
+                        run_one(n_tiles, True, True, rng, mutation, quarters)
                 except Finding as f:
-                    found = f"tiles {n_tiles}: {f}"
+                    found = f"tiles {n_tiles}{' quarters' if quarters else ''}: {f}"
                     break
             print(f"mutation {mutation}: {'found, ' + found if found else 'MISSED'}")
             missed += found is None
         return 1 if missed else 0
-    orders = {"both": (False, True), "seesaw": (False,), "stagger": (True,)}[args.order]
+    orders = {"all": ((False, False), (True, False), (True, True)), "seesaw": ((False, False),),
+              "stagger": ((True, False),), "quarters": ((True, True),)}[args.order]
     bad = 0
-    for stagger in orders:
+    for stagger, quarters in orders:
         for d576 in (False, True):
-            name = ("stagger" if stagger else "seesaw") + (" d576" if d576 else " d512")
+            name = ("quarters" if quarters else "stagger" if stagger else "seesaw") + \
+                (" d576" if d576 else " d512")
             for n_tiles in range(0, 9):
-                rng = random.Random(1000 * n_tiles + 10 * stagger + d576)
+                rng = random.Random(1000 * n_tiles + 10 * stagger + 100 * quarters + d576)
                 try:
                     for _ in range(args.schedules):
-                        run_one(n_tiles, stagger, d576, rng)
+                        run_one(n_tiles, stagger, d576, rng, quarters=quarters)
                     print(f"{name:13s} tiles {n_tiles}: {args.schedules} schedules, no finding")
                 except Finding as f:
                     bad += 1

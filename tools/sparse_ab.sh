@@ -12,7 +12,8 @@
 #
 # Settings (environment; defaults in brackets):
 #   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_STAGGER=1
-#                OPENMLA_SPARSE_L2HINT=1 (the stagger with the L2 hint)]
+#                OPENMLA_SPARSE_L2HINT=1 (the stagger with the L2 hint) OPENMLA_SPARSE_QUARTERS=1
+#                (the stagger with quarter-stage barriers)]
 #   DECODE_AB    --ab settings of decode's small-batch rows [OPENMLA_SPARSE_TILES_PER_SPLIT=2
 #                OPENMLA_SPARSE_TILES_PER_SPLIT=4 OPENMLA_SPARSE_TILES_PER_SPLIT=8
 #                OPENMLA_SPARSE_TILES_PER_SPLIT=16]: the time against split length maps the
@@ -44,8 +45,9 @@ bench="$ROOT/bench/sparse_decode_vs_flashmla.py"
 # so a deadlock costs no benchmark step its whole time limit.
 failed_switches=""
 if [[ -f "$OUT/summary.txt" ]]; then
-  # (OPENMLA_SPARSE_L2HINT=1 runs the stagger too)
-  grep -q "^gpu_tests_stagger *FAIL" "$OUT/summary.txt" && failed_switches+=" STAGGER L2HINT"
+  # (OPENMLA_SPARSE_L2HINT=1 and OPENMLA_SPARSE_QUARTERS=1 run the stagger too)
+  grep -q "^gpu_tests_stagger *FAIL" "$OUT/summary.txt" && failed_switches+=" STAGGER L2HINT QUARTERS"
+  grep -q "^gpu_tests_quarters *FAIL" "$OUT/summary.txt" && failed_switches+=" QUARTERS"
   grep -q "^gpu_tests_l2hint *FAIL" "$OUT/summary.txt" && failed_switches+=" L2HINT"
 fi
 ab_args() {
@@ -57,7 +59,7 @@ ab_args() {
 }
 [[ -n "$failed_switches" ]] && echo "left out (their GPU tests failed):$failed_switches" | tee "$OUT/ab_prefill.txt"
 
-read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_STAGGER=1 OPENMLA_SPARSE_L2HINT=1}")"
+read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_STAGGER=1 OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_QUARTERS=1}")"
 lim=$(left); [[ $lim -gt 240 ]] && lim=240
 timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
   >>"$OUT/ab_prefill.txt" 2>&1

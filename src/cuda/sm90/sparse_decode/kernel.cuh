@@ -17,7 +17,7 @@
 // decodes half of every tile into both CTAs' stages. bf16 tiles (bf16 caches, sparse prefill's
 // kv) may run the seesaw order instead (traits.h kSeesaw; consume below): each compute
 // warpgroup computes S for alternate tiles and both tiles' P V for its half of d_v (staggered
-// maxima with kStagger, an A/B switch). A split that is
+// maxima with kStagger, barriers a quarter-stage with kQuarters: A/B switches). A split that is
 // the problem's only one writes out (bf16, attention sink applied) and lse; otherwise its
 // normalised fp32 partial and lse go to the workspace for the combine kernel (launch.cu).
 #pragma once
@@ -134,6 +134,34 @@ __device__ __forceinline__ void* seesaw_p_buffer(typename Traits::SharedStorage&
   }
 }
 
+// O += P V over one stage's half of d_v as two 64 x 128 groups (the quarter-stage stagger), each
+// quarter handed back (`empty[0]`, `empty[1]`) as soon as its group completes. O's accumulator
+// is the two groups' accumulators back to back (columns 0-127 are its first 64 values).
+template <class Traits, class Mma, class TP, class TV, class TO>
+__device__ __forceinline__ void pv_by_quarters(Mma& mma, TP& tOrP, TV const& tOrV128,
+                                               uint32_t stage_bytes, TO& tOrO, uint64_t* empty,
+                                               int lane) {
+  using namespace cute;
+  auto layout = partition_fragment_C(mma, Shape<Int<64>, Int<128>>{}).layout();
+  static_assert(decltype(size(layout))::value * 2 == decltype(size(tOrO))::value);
+  Tensor o0 = make_tensor(tOrO.data(), layout);
+  Tensor o1 = make_tensor(tOrO.data() + decltype(size(layout))::value, layout);
+  warpgroup_fence_operand(tOrP);
+  warpgroup_fence_operand(tOrO);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::One;
+  gemm(mma, tOrP, at_offset(tOrV128, stage_bytes), o0);
+  warpgroup_commit_batch();
+  gemm(mma, tOrP, at_offset(tOrV128, stage_bytes + 2 * Traits::kPieceBytes), o1);
+  warpgroup_commit_batch();
+  warpgroup_wait<1>();
+  release_stage(&empty[0], lane, false);
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tOrO);
+  warpgroup_fence_operand(tOrP);
+  release_stage(&empty[1], lane, false);
+}
+
 // The compute warpgroups (wg 0 or 1).
 template <class Traits>
 __device__ __forceinline__ void consume(const SparseDecodeParams& p,
@@ -168,6 +196,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   Tensor tOrV = thr_pv.partition_fragment_B(
       make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
                   typename Traits::SmemLayoutV{}));  // (MMA,1,4)
+  // The quarter-stage stagger's P V: two 64 x 128 groups over a warpgroup's half of d_v.
+  typename Traits::TiledMmaPV128 mma_pv128;
+  auto tOrV128 = mma_pv128.get_thread_slice(t).partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
+                  typename Traits::SmemLayoutV128{}));  // (MMA,1,4)
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<64>, Int<Traits::kVHalfDims>>{});
   Tensor O = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (2,128)
   Tensor cO = make_identity_tensor(Shape<Int<64>, Int<Traits::kVHalfDims>>{});
@@ -238,19 +271,55 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     // its row maxima. The owner's QK^T is then done with the half its PVs do not read. Each wait
     // sits on the one path through, so ptxas sees no wgmma in flight past it (C7515).
     auto own_qk = [&](int phase, float (&mx)[2]) {
-      wait_full(&smem.full[2 * own + first_half], phase, false);
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      qk_first();
-      warpgroup_commit_batch();
-      wait_full(&smem.full[2 * own + second_half], phase, false);
-      warpgroup_arrive();
-      qk_second();
-      warpgroup_commit_batch();
+      if constexpr (Traits::kQuarters) {
+        // A group a quarter, each issued as soon as its quarter lands (WG0: L's two, then R's;
+        // WG1: R's, then L's).
+        uint64_t* full = &smem.full[4 * own];
+        auto quarter = [&](auto qc, bool first) {
+          constexpr int kQ = decltype(qc)::value;
+          constexpr int k0 = 8 * kQ, k1 = kQ == 3 ? Traits::kHeadDimQK / 16 : 8 * kQ + 8;
+          wait_full(&full[kQ], phase, false);
+          warpgroup_arrive();
+          auto tSrK_s = at_offset(tSrK, own * Traits::kStageBytes);
+#pragma unroll
+          for (int k = k0; k < k1; ++k) {
+            mma_qk.accumulate_ = first && k == k0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+            gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
+          }
+          warpgroup_commit_batch();
+        };
+        warpgroup_fence_operand(tSrS);
+        if (wg == 0) {
+          quarter(std::integral_constant<int, 0>{}, true);
+          quarter(std::integral_constant<int, 1>{}, false);
+          quarter(std::integral_constant<int, 2>{}, false);
+          quarter(std::integral_constant<int, 3>{}, false);
+        } else {
+          quarter(std::integral_constant<int, 2>{}, true);
+          quarter(std::integral_constant<int, 3>{}, false);
+          quarter(std::integral_constant<int, 0>{}, false);
+          quarter(std::integral_constant<int, 1>{}, false);
+        }
+      } else {
+        wait_full(&smem.full[2 * own + first_half], phase, false);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        qk_first();
+        warpgroup_commit_batch();
+        wait_full(&smem.full[2 * own + second_half], phase, false);
+        warpgroup_arrive();
+        qk_second();
+        warpgroup_commit_batch();
+      }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
-      const uint64_t valid = stage_valid(smem.valid[own]);  // written with the R half
-      release_stage(&smem.empty[2 * own + (pv_half ^ 1)], lane, false);
+      const uint64_t valid = stage_valid(smem.valid[own]);  // written with the R half (last part)
+      if constexpr (Traits::kQuarters) {
+        release_stage(&smem.empty[4 * own + 2 * (pv_half ^ 1)], lane, false);
+        release_stage(&smem.empty[4 * own + 2 * (pv_half ^ 1) + 1], lane, false);
+      } else {
+        release_stage(&smem.empty[2 * own + (pv_half ^ 1)], lane, false);
+      }
       if (valid != ~0ull) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -299,9 +368,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
           for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
           rescale_rows(O, factor);
-          gemm_pv(mma_pv, tOrP, tOrV, tOrO);
-          wait_pv(tOrO, tOrP);
-          release_stage(&smem.empty[0], lane, false);  // L0
+          if constexpr (Traits::kQuarters) {
+            pv_by_quarters<Traits>(mma_pv128, tOrP, tOrV128, 0, tOrO, &smem.empty[0], lane);
+          } else {
+            gemm_pv(mma_pv, tOrP, tOrV, tOrO);
+            wait_pv(tOrO, tOrP);
+            release_stage(&smem.empty[0], lane, false);  // L0
+          }
           bar_sync(kBarMaxFinal, 256);  // WG1's final max of the round
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
@@ -313,9 +386,14 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           rescale_rows_if(O, factor);
           bar_sync(kBarP1, 256);
           load_p(seesaw_p_buffer<Traits>(smem, 1), tOrP, t);
-          gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
-          wait_pv(tOrO, tOrP);
-          release_stage(&smem.empty[2], lane, false);  // L1
+          if constexpr (Traits::kQuarters) {
+            pv_by_quarters<Traits>(mma_pv128, tOrP, tOrV128, Traits::kStageBytes, tOrO,
+                                   &smem.empty[4], lane);
+          } else {
+            gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
+            wait_pv(tOrO, tOrP);
+            release_stage(&smem.empty[2], lane, false);  // L1
+          }
         } else {
           bar_sync(kBarMax, 256);  // WG0's max of the round
           float pscale[2];
@@ -340,9 +418,14 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
           for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
           rescale_rows(O, factor);
-          gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
-          wait_pv(tOrO, tOrP);
-          release_stage(&smem.empty[3], lane, false);  // R1
+          if constexpr (Traits::kQuarters) {
+            pv_by_quarters<Traits>(mma_pv128, tOrP, tOrV128, Traits::kStageBytes, tOrO,
+                                   &smem.empty[6], lane);
+          } else {
+            gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
+            wait_pv(tOrO, tOrP);
+            release_stage(&smem.empty[3], lane, false);  // R1
+          }
           bar_sync(kBarP0, 256);
           load_p(seesaw_p_buffer<Traits>(smem, 0), tOrP, t);
           if (__any_sync(0xffffffffu, pscale[0] != 1.f || pscale[1] != 1.f)) {
@@ -359,9 +442,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
               P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
             }
           }
-          gemm_pv(mma_pv, tOrP, tOrV, tOrO);
-          wait_pv(tOrO, tOrP);
-          release_stage(&smem.empty[1], lane, false);  // R0
+          if constexpr (Traits::kQuarters) {
+            pv_by_quarters<Traits>(mma_pv128, tOrP, tOrV128, 0, tOrO, &smem.empty[2], lane);
+          } else {
+            gemm_pv(mma_pv, tOrP, tOrV, tOrO);
+            wait_pv(tOrO, tOrP);
+            release_stage(&smem.empty[1], lane, false);  // R0
+          }
         }
       }
     } else {
@@ -648,12 +735,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
       if constexpr (Traits::kSeesaw) {
-        // Per half (2 s + h): filled by the 4 producer warps; L0 is freed by WG0's warps alone,
-        // R1 by WG1's, R0 and L1 by both (consume, the seesaw order).
+        // Per part (kParts s + part; a half's parts alike): filled by the 4 producer warps; L0
+        // is freed by WG0's warps alone, R1 by WG1's, R0 and L1 by both (consume, the seesaw).
+        constexpr int kPerHalf = Traits::kParts / 2;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          cutlass::arch::ClusterBarrier::init(&smem.full[2 * s + h], 4);
-          cutlass::arch::ClusterBarrier::init(&smem.empty[2 * s + h], h == s ? 4 : 8);
+        for (int part = 0; part < Traits::kParts; ++part) {
+          cutlass::arch::ClusterBarrier::init(&smem.full[Traits::kParts * s + part], 4);
+          cutlass::arch::ClusterBarrier::init(&smem.empty[Traits::kParts * s + part],
+                                              part / kPerHalf == s ? 4 : 8);
         }
       } else {
         // lane 0 of the 4 producer warps and of the 8 compute warps (of both CTAs of a pair)
@@ -729,6 +818,10 @@ cudaError_t launch_sparse_decode_traits(const SparseDecodeParams& params, cudaSt
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
   if constexpr (!kDense) {
+    if (params.seesaw && params.stagger && params.quarters) {
+      return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true, true, true>>(
+          params, stream);
+    }
     if (params.seesaw && params.stagger) {
       return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true, true>>(
           params, stream);

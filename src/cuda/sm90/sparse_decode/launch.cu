@@ -298,12 +298,15 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // OPENMLA_SPARSE_L2HINT=1: the stagger with an evict-last policy and a 256 B L2 prefetch on its
   // producer's copies (lever 1; the A/B of the two switches measures the hint on its own).
   const bool l2_hint = env_is("OPENMLA_SPARSE_L2HINT", "1");
-  const bool stagger = env_is("OPENMLA_SPARSE_STAGGER", "1") || l2_hint;
+  // OPENMLA_SPARSE_QUARTERS=1: the stagger with a barrier pair a quarter-stage (lever 1b).
+  const bool quarters = env_is("OPENMLA_SPARSE_QUARTERS", "1");
+  const bool stagger = env_is("OPENMLA_SPARSE_STAGGER", "1") || l2_hint || quarters;
   p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
              (p.topk[1] == 0 || p.cache[1].async_copy) &&
              (d_qk == 512 || p.m_blocks == 1 || stagger) && !env_is("OPENMLA_SPARSE_SEESAW", "0");
   p.stagger = p.seesaw && stagger;
   p.l2_hint = p.stagger && l2_hint;
+  p.quarters = p.stagger && quarters;
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

@@ -90,6 +90,7 @@ struct SparseDecodeParams {
                         // (pair.cuh)
   bool stagger;         // seesaw: with staggered maxima (OPENMLA_SPARSE_STAGGER=1, A/B runs)
   bool l2_hint;         // stagger: its producer's copies keep rows in L2 (OPENMLA_SPARSE_L2HINT=1)
+  bool quarters;        // stagger: a barrier pair a quarter-stage (OPENMLA_SPARSE_QUARTERS=1)
 };
 
 }  // namespace openmla::cuda::sm90

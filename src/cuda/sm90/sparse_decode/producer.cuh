@@ -859,10 +859,50 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
       __syncwarp();
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[2 * s + h]);
     };
-    fill(0, 0);
-    if (odd) fill(1, 1);
-    fill(0, 1);
-    if (odd) fill(1, 0);
+    // Quarter `part` (dims 128 part ..; the last also d 576's RoPE piece) of tile 2 it + s into
+    // stage s (the quarter-stage stagger): two keys a warp instruction, 16 lanes a key.
+    auto fill_quarter = [&](int s, int part) {
+      cutlass::arch::ClusterBarrier::wait(&smem.empty[4 * s + part], (it & 1) ^ 1);
+      char* rows = reinterpret_cast<char*>(smem.k[s]) + 16 * warp * 128;
+      const uint32_t mask = (ballot >> (16 * s)) & 0xFFFFu;
+      const int c = lane & 15;  // this lane's 16-byte chunk of the quarter's 256 bytes
+#pragma unroll 2
+      for (int i = 0; i < 8; ++i) {
+        const int key = 2 * i + (lane >> 4);
+        const uint8_t* row = reinterpret_cast<const uint8_t*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(my_row), 16 * s + key));
+        const bool ok = (mask >> key) & 1u;
+        char* r = rows + key * 128;
+        const int sw = key & 7;
+        copy16(r + (2 * part + (c >> 3)) * 8192 + (((c & 7) ^ sw) << 4), row + 256 * part + 16 * c,
+               ok);
+        if constexpr (D == 576) {
+          if (part == 3 && c < 8) copy16(r + 8 * 8192 + ((c ^ sw) << 4), row + 1024 + 16 * c, ok);
+        }
+      }
+      if (part == 3 && lane == 0) {  // the mask goes with the last quarter
+        smem.valid[s][2 * warp] = mask & 0xFFu;
+        smem.valid[s][2 * warp + 1] = mask >> 8;
+      }
+      cp_async_track(smem.full[4 * s + part]);
+      __syncwarp();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[4 * s + part]);
+    };
+    if constexpr (Traits::kQuarters) {  // L0 R1 R0 L1 by quarters
+      fill_quarter(0, 0);
+      fill_quarter(0, 1);
+      fill_quarter(1, 2);
+      fill_quarter(1, 3);
+      fill_quarter(0, 2);
+      fill_quarter(0, 3);
+      fill_quarter(1, 0);
+      fill_quarter(1, 1);
+    } else {
+      fill(0, 0);
+      if (odd) fill(1, 1);
+      fill(0, 1);
+      if (odd) fill(1, 0);
+    }
     slot = next;
   }
   asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight

@@ -24,7 +24,10 @@ namespace openmla::cuda::sm90 {
 // cp.async only, the sparse mode): each computes S for alternate tiles and both halves' P V, so
 // both hold S, P and half of O, and the producer, copies only, needs few registers.
 // kStagger_: the seesaw with staggered maxima (kernel.cuh consume; OPENMLA_SPARSE_STAGGER=1).
-template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false>
+// kQuarters_: the stagger with a barrier pair a quarter-stage (128 dims) instead of a half, its
+// P V as two 128-dim groups (OPENMLA_SPARSE_QUARTERS=1; sparse_prefill/NOTES.md lever 1b).
+template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
+          bool kQuarters_ = false>
 struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
   using Element = cute::bfloat16_t;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -32,6 +35,15 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static constexpr bool kSeesaw = kSeesaw_;
   static constexpr bool kStagger = kStagger_;
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
+  static constexpr bool kQuarters = kQuarters_;
+  static_assert(kStagger || !kQuarters, "quarter-stage barriers serve the stagger");
+  // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
+  // rest), or quarters (128 dims; the last one also holds d 576's RoPE piece).
+  static constexpr int kParts = kQuarters ? 4 : 2;
+  // The quarter-stage P V: 64 x 128 groups over 2 pieces of V (attention/mla_tiles.h).
+  using Tiles128 = attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 128>;
+  using TiledMmaPV128 = typename Tiles128::TiledMmaPV;
+  using SmemLayoutV128 = typename Tiles128::SmemLayoutV;
   static_assert(!(kDense && kSeesaw), "the seesaw order serves the sparse mode only");
   static constexpr int kHeadDimV = 512;
   static_assert(kHeadDimQK == 576 || kHeadDimQK == 512);
@@ -83,10 +95,10 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     // its own with st.async, whose smallest store is 4 bytes)
     alignas(16) uint32_t valid[kStages][8];
     // the producer filled the stage (4 warp arrivals; with a CTA pair, also the peer's bytes)
-    // (the seesaw order: per half, 2 stage + half, producer.cuh produce_halves)
-    alignas(8) uint64_t full[kSeesaw ? 2 * kStages : kStages];
+    // (the seesaw order: per part, kParts stage + part, producer.cuh produce_halves)
+    alignas(8) uint64_t full[kSeesaw ? kParts * kStages : kStages];
     // the compute warpgroups are done with it (8 warps; 16 with a CTA pair: both CTAs' warps)
-    uint64_t empty[kSeesaw ? 2 * kStages : kStages];
+    uint64_t empty[kSeesaw ? kParts * kStages : kStages];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
