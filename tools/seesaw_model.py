@@ -35,10 +35,13 @@ waits (instrumented run): the producer waits for L0 53% of the time (L0 goes bac
 WG0's own P V, and its refill, ~3.3k clocks of issue, stream and latency, closes the loop back
 to WG0's next QK^T). Finer buffers cut that loop: with --parts 2 (a barrier pair for every 128
 dims) the stagger takes 7.6k clocks (1.34x the seesaw), with --parts 4 7.0k (1.47x); with a cost
-of 50-100 peak clocks a wgmma group (--group) still 7.3k-8.3k (1.28-1.43x).
+of 50-100 peak clocks a wgmma group (--group) still 7.3k-8.3k (1.28-1.43x). At d 576 (--d 576:
+the RoPE piece rides with R) the seesaw is 1.08x the default order (measured at h_q 64:
+1.04-1.06x), the stagger 1.11x the seesaw, the quarters 1.31x.
 
     python3 tools/seesaw_model.py            # every order at the fitted parameters
     python3 tools/seesaw_model.py --parts 2  # the seesaw orders with a barrier pair a quarter
+    python3 tools/seesaw_model.py --d 576    # d_qk 576
     python3 tools/seesaw_model.py --fit      # the calibration grid
 """
 from __future__ import annotations
@@ -54,6 +57,7 @@ RESCALE = 60     # O *= factor
 ISSUE_MMA = 30   # issuing a wgmma group
 WAIT_LAT = 60    # a wgmma wait returning after its group is done
 HALF = 32768     # bytes of a half-stage at d 512 (64 keys x 256 dims x 2 B)
+ROPE = 0         # --d 576: the RoPE piece (8 KB, one more 64-dim QK^T piece) goes with R
 PARTS = 1        # buffers (barrier pairs) a half-stage: --parts
 GROUP = 0        # peak clocks a wgmma group costs beyond its work (its fence, commit, drain): --group
 TICK = 4
@@ -149,12 +153,13 @@ def producer_steps(order, rounds):
     for r in range(rounds):
         if order == "default":
             for s in (0, 1):
-                steps += [("wait_empty", (s, 0, r)), ("fill", (s, 0, r), 2 * HALF)]
+                steps += [("wait_empty", (s, 0, r)), ("fill", (s, 0, r), 2 * HALF + ROPE * HALF // 4)]
         else:
             for s, h in ((0, 0), (1, 1), (0, 1), (1, 0)):
                 for q in range(PARTS):
                     steps += [("wait_empty", (s, h * PARTS + q, r)),
-                              ("fill", (s, h * PARTS + q, r), HALF // PARTS)]
+                              ("fill", (s, h * PARTS + q, r),
+                               HALF // PARTS + (ROPE * HALF // 4 if h == 1 and q == PARTS - 1 else 0))]
     return steps
 
 
@@ -167,7 +172,8 @@ def wg_steps(order, wg, rounds):
             for s in (0, 1):
                 k = 2 * r + s
                 if wg == 0:
-                    steps += [("wait_full", (s, 0, r)), ("mma", 0, ("qk", k), 2 * qk_half)]
+                    steps += [("wait_full", (s, 0, r)),
+                              ("mma", 0, ("qk", k), 2 * qk_half + ROPE * PIECE)]
                     if k > 0:  # the previous tile's P V completes under this QK^T
                         ps, pr = (k - 1) % 2, (k - 1) // 2
                         steps += [("wait_job", ("pvL", k - 1)), ("release", (ps, 0, pr))]
@@ -188,7 +194,8 @@ def wg_steps(order, wg, rounds):
         for i, half in enumerate((first, second)):
             for q in range(n):
                 qk += [("wait_full", (own, half * n + q, r)),
-                       ("mma", wg, ("qk", t_own, i, q), qk_half // n)]
+                       ("mma", wg, ("qk", t_own, i, q),
+                        qk_half // n + (ROPE * PIECE if half == 1 and q == n - 1 else 0))]
         qk += [("wait_job", ("qk", t_own, 1, n - 1))]
         qk += [("release", (own, (pv_half ^ 1) * n + q, r)) for q in range(n)]
 
@@ -274,11 +281,13 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=22.0)
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--group", type=int, default=0)
+    ap.add_argument("--d", type=int, default=512, choices=(512, 576),
+                    help="576: the RoPE piece rides with R (8 KB more to fill, one more QK^T piece)")
     ap.add_argument("--parts", type=int, default=1, choices=(1, 2, 4),
                     help="barrier pairs a half-stage in the seesaw orders (4: one a 64-dim piece)")
     args = ap.parse_args()
-    global PARTS, GROUP
-    PARTS, GROUP = args.parts, args.group
+    global PARTS, GROUP, ROPE
+    PARTS, GROUP, ROPE = args.parts, args.group, 1 if args.d == 576 else 0
     if args.fit:
         print("| solo | lat | issue | default | seesaw | default / seesaw (measured 9.3k / 8.8k) |")
         print("|---|---|---|---|---|---|")
