@@ -48,4 +48,29 @@ TEST(TileLayouts, PFragmentIsTheSameForBothPvWidths) {
   }
 }
 
+// The producers (sparse_decode/producer.cuh: every fill, halves and quarters alike) write key k's
+// dims [8 c, 8 c + 8) of 64-dim piece p at byte p * 8192 + 128 k + 16 (c ^ (k % 8)) of a stage: the
+// K tile's layout (128 B swizzle), which QK^T and P V read. Checked element by element.
+TEST(TileLayouts, ProducerAddressesAreTheKTileLayout) {
+  using K512 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 512, 256>::SmemLayoutK;
+  using K576 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 576, 256>::SmemLayoutK;
+  // The 128 B swizzle acts on shared-memory byte addresses (CuTe applies it through the smem
+  // pointer), so the offsets are taken from a tensor over a 1024-aligned (never dereferenced)
+  // address.
+  auto check = [](auto layout, int dims) {
+    const uintptr_t base = uintptr_t(1) << 20;
+    auto tile = make_tensor(make_smem_ptr(reinterpret_cast<bfloat16_t*>(base)), layout);
+    for (int k = 0; k < 64; ++k) {
+      for (int dim = 0; dim < dims; ++dim) {
+        const int piece = dim / 64, c = (dim % 64) / 8;
+        const int bytes = piece * 8192 + 128 * k + 16 * (c ^ (k % 8)) + 2 * (dim % 8);
+        const uintptr_t at = reinterpret_cast<uintptr_t>(raw_pointer_cast(&tile(k, dim)));
+        ASSERT_EQ(static_cast<int>(at - base), bytes) << "key " << k << " dim " << dim;
+      }
+    }
+  };
+  check(K512{}, 512);
+  check(K576{}, 576);
+}
+
 }  // namespace
