@@ -16,9 +16,6 @@ namespace openmla::cuda::sm90 {
 namespace {
 
 constexpr int kKeysPerTile = 64;
-// Splits of one token: enough to fill every SM even for one CTA a token (b 1 over a long dense
-// context); the wave model below picks fewer where that does not pay.
-constexpr int kMaxSplits = kSparseMaxSplits;
 constexpr size_t kAlign = 256;
 
 // bf16 keys by cp.async straight into the stage (producer.cuh) instead of through registers:
@@ -64,39 +61,6 @@ int num_sms(int device_index) {
   attention::DeviceFacts facts;
   if (!attention::device_facts("sparse_decode", device_index, &facts).ok()) return 132;
   return facts.num_sms;
-}
-
-// The most splits any topk may get for this many CTAs a split: enough CTAs to fill the SMs
-// once (the workspace is sized by this bound).
-int max_splits(int sms, int64_t ctas) {
-  if (ctas <= 0 || ctas >= sms) return 1;
-  const int64_t s = (sms + ctas - 1) / ctas;
-  return static_cast<int>(s < kMaxSplits ? s : kMaxSplits);
-}
-
-struct Plan {
-  int num_splits, tiles_per_split;
-};
-// The split count with the least modelled time: waves of CTAs times (tiles a CTA walks + a
-// CTA's fixed cost in tiles: Q and the pipeline's fill, `overhead`, 1 by default), plus one for
-// the combine when split, over 1 .. max_splits. (Enough CTAs to fill the SMs, but in whole
-// waves: 64 tokens x 1 m-block on 132 SMs take 2 splits in one wave, not 3 in two.)
-Plan plan_splits(int sms, int64_t ctas, int64_t max_tiles, int overhead) {
-  if (max_tiles == 0) return {1, 0};
-  const int limit = max_splits(sms, ctas);
-  int64_t best_cost = INT64_MAX;
-  Plan best = {1, static_cast<int>(max_tiles)};
-  for (int s = 1; s <= limit && s <= max_tiles; ++s) {
-    const int64_t tps = (max_tiles + s - 1) / s;
-    const int64_t splits = (max_tiles + tps - 1) / tps;
-    const int64_t waves = (ctas * splits + sms - 1) / sms;
-    const int64_t cost = waves * (tps + overhead) + (splits > 1 ? 1 : 0);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = {static_cast<int>(splits), static_cast<int>(tps)};
-    }
-  }
-  return best;
 }
 
 // o_partial, lse_partial, max_partial (params.h).
@@ -224,7 +188,7 @@ Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCachePar
 
 size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q) {
   if (tokens <= 0 || h_q <= 0) return 0;
-  return partial_bytes(max_splits(num_sms(device_index), ctas), tokens, h_q, 512);
+  return partial_bytes(core::sparse_max_splits(num_sms(device_index), ctas), tokens, h_q, 512);
 }
 
 size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v) {
@@ -240,20 +204,15 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.problems = p.tokens / p.s_pack;
   p.m_blocks = (p.s_pack * p.h_q + 63) / 64;
   if (p.tokens == 0) return Status::Ok();
-  Plan plan =
-      plan_splits(num_sms(device_index), static_cast<int64_t>(p.problems) * p.m_blocks, max_tiles,
-                  split_overhead());
+  const int sms = num_sms(device_index);
+  const int64_t ctas = static_cast<int64_t>(p.problems) * p.m_blocks;
+  core::SparseSplitPlan plan = core::plan_sparse_splits(sms, ctas, max_tiles, split_overhead());
   if (batch_invariant) {  // one CTA walks a token's whole key list, in the list's order
     plan = {1, static_cast<int>(max_tiles)};
   } else if (const int forced = forced_tiles_per_split(); forced > 0 && p.block_table == nullptr &&
                                                           max_tiles > 0) {
     // Never more splits than the workspace holds (sparse_workspace_bytes' bound).
-    const int64_t limit =
-        max_splits(num_sms(device_index), static_cast<int64_t>(p.problems) * p.m_blocks);
-    int64_t splits = (max_tiles + forced - 1) / forced;
-    splits = splits < limit ? splits : limit;
-    const int64_t tps = (max_tiles + splits - 1) / splits;
-    plan = {static_cast<int>((max_tiles + tps - 1) / tps), static_cast<int>(tps)};
+    plan = core::forced_sparse_splits(sms, ctas, max_tiles, forced);
   }
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
