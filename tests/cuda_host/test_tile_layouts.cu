@@ -73,4 +73,32 @@ TEST(TileLayouts, ProducerAddressesAreTheKTileLayout) {
   check(K576{}, 576);
 }
 
+// P V reads V as the K tile's bytes transposed (MN-major): the 256-dim view of a warpgroup's half
+// (pieces 4 wg ..) and pv_by_quarters' 128-dim views (pieces 4 wg + 2 q ..) must address, for
+// every (dim, key), the byte the K tile holds key's dim at.
+TEST(TileLayouts, VViewsAreTheKTileTransposed) {
+  using Tiles256 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 576, 256>;
+  using Tiles128 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 576, 128>;
+  const uintptr_t base = uintptr_t(1) << 20;
+  bfloat16_t* stage = reinterpret_cast<bfloat16_t*>(base);
+  auto k_tile = make_tensor(make_smem_ptr(stage), Tiles256::SmemLayoutK{});
+  auto addr = [](auto const& ref) { return reinterpret_cast<uintptr_t>(raw_pointer_cast(&ref)); };
+  for (int wg = 0; wg < 2; ++wg) {
+    auto v256 = make_tensor(make_smem_ptr(stage + wg * 4 * 64 * 64), Tiles256::SmemLayoutV{});
+    for (int q = 0; q < 2; ++q) {
+      auto v128 = make_tensor(make_smem_ptr(stage + (wg * 4 + 2 * q) * 64 * 64),
+                              Tiles128::SmemLayoutV{});
+      for (int dim = 0; dim < 128; ++dim) {
+        for (int key = 0; key < 64; ++key) {
+          const int k_dim = 256 * wg + 128 * q + dim;
+          ASSERT_EQ(addr(v128(dim, key)), addr(k_tile(key, k_dim)))
+              << "wg " << wg << " quarter " << q << " dim " << dim << " key " << key;
+          ASSERT_EQ(addr(v256(128 * q + dim, key)), addr(k_tile(key, k_dim)))
+              << "wg " << wg << " dim " << 128 * q + dim << " key " << key;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
