@@ -267,9 +267,7 @@ else
   else
     # The package as pip would lay it out: the Python modules plus the extension built above.
     PKG="$BUILD_DIR/pypkg"
-    rm -rf "$PKG" && mkdir -p "$PKG/openmla"
-    cp "$ROOT"/python/openmla/*.py "$PKG/openmla/" && cp "${ext[0]}" "$PKG/openmla/"
-    mkdir -p "$PKG/openmla/integrations" && cp "$ROOT"/python/openmla/integrations/*.py "$PKG/openmla/integrations/"
+    "$ROOT/tools/layout_pypkg.sh" "$BUILD_DIR"
     export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     # transformers for the integration tests, packed by tools/pack_device_pydeps.sh (the image
     # has no transformers; without the archive those tests skip, saying so).

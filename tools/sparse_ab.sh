@@ -28,7 +28,9 @@ OUT="${OUT:?set OUT}"
 mkdir -p "$OUT"
 : >"$OUT/ab_prefill.txt"
 PKG="$ROOT/build-device/pypkg"
-[[ -d "$PKG/openmla" ]] || { echo "no $PKG: run tools/device_check.sh first" | tee "$OUT/ab_prefill.txt"; exit 1; }
+# (device_check lays it out in its Python step; with SKIP_PYTHON=1 it is laid out here)
+[[ -d "$PKG/openmla" ]] || "$ROOT/tools/layout_pypkg.sh" "$ROOT/build-device" ||
+  { echo "no $PKG: run tools/device_check.sh first" | tee "$OUT/ab_prefill.txt"; exit 1; }
 t0=$(date +%s)
 left() { echo $((${BUDGET:-540} - ($(date +%s) - t0))); }
 PEER_DIR=""
