@@ -219,8 +219,11 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
     OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
   run_tests gpu_tests_default_order "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_SEESAW=0 'Sparse*'
-  # The A/B switches of the seesaw order (off by default): the staggered maxima, the stagger
-  # with the L2 hint, and the stagger with quarter-stage barriers.
+  # Sparse prefill runs the staggered maxima (d 512) and the quarter-stage barriers (d 576) by
+  # default; OPENMLA_SPARSE_STAGGER=0 keeps its earlier orders, =1 and OPENMLA_SPARSE_QUARTERS=1
+  # put them on bf16 decode too, OPENMLA_SPARSE_L2HINT=1 adds the L2 hint.
+  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_no_stagger "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
+    OPENMLA_SPARSE_STAGGER=0 'SparsePrefill*'
   TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_stagger "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_STAGGER=1 'Sparse*'
   TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_l2hint "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \

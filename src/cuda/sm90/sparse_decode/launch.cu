@@ -199,7 +199,7 @@ size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_
 
 Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
                                const Workspace& workspace, int device_index, cudaStream_t stream,
-                               const char* op, bool batch_invariant) {
+                               const char* op, bool batch_invariant, bool prefill) {
   if (p.s_pack == 0) p.s_pack = 1;  // sparse mode: one query token a problem
   p.problems = p.tokens / p.s_pack;
   p.m_blocks = (p.s_pack * p.h_q + 63) / 64;
@@ -251,15 +251,20 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // prefill 1.10-1.15x at d 512 and 1.04-1.06x at d 576 with one m-block; at d 576 with two
   // (h_q 128) it was 0.97-1.01x on prefill and 0.87x on bf16 decode, which keep the default
   // order. OPENMLA_SPARSE_SEESAW=0 (read at every launch) keeps it everywhere, for A/B runs.
-  // OPENMLA_SPARSE_STAGGER=1 (read at every launch): the seesaw with staggered maxima, WG1's
-  // softmax under WG0's P V (sparse_prefill/NOTES.md lever 0), wherever the seesaw can run (also
-  // at d 576 with two m-blocks, so an A/B run measures it there too); not yet measured.
-  // OPENMLA_SPARSE_L2HINT=1: the stagger with an evict-last policy and a 256 B L2 prefetch on its
-  // producer's copies (lever 1; the A/B of the two switches measures the hint on its own).
+  // Staggered maxima (WG1's softmax under WG0's P V, sparse_prefill/NOTES.md lever 0) and, at
+  // d 576, a barrier pair a quarter-stage (lever 1b): sparse prefill's default (H100, b76f94f,
+  // same run: stagger 1.10-1.14x at d 512, quarters 1.13-1.19x at d 576 over the seesaw/default
+  // orders). Environment switches (read at every launch), for A/B runs:
+  //   OPENMLA_SPARSE_STAGGER=0  prefill without them; =1 the stagger wherever the seesaw runs
+  //   OPENMLA_SPARSE_QUARTERS=1 the quarters at d 512 too (measured below the stagger there)
+  //   OPENMLA_SPARSE_L2HINT=1   the stagger with an evict-last policy and a 256 B L2 prefetch on
+  //                             its producer's copies (lever 1; measured within 1%)
+  const bool prefill_stagger = prefill && !env_is("OPENMLA_SPARSE_STAGGER", "0");
   const bool l2_hint = env_is("OPENMLA_SPARSE_L2HINT", "1");
-  // OPENMLA_SPARSE_QUARTERS=1: the stagger with a barrier pair a quarter-stage (lever 1b).
-  const bool quarters = env_is("OPENMLA_SPARSE_QUARTERS", "1");
-  const bool stagger = env_is("OPENMLA_SPARSE_STAGGER", "1") || l2_hint || quarters;
+  const bool quarters =
+      env_is("OPENMLA_SPARSE_QUARTERS", "1") || (prefill_stagger && d_qk == 576);
+  const bool stagger =
+      env_is("OPENMLA_SPARSE_STAGGER", "1") || l2_hint || quarters || prefill_stagger;
   p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
              (p.topk[1] == 0 || p.cache[1].async_copy) &&
              (d_qk == 512 || p.m_blocks == 1 || stagger) && !env_is("OPENMLA_SPARSE_SEESAW", "0");

@@ -35,10 +35,12 @@ Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCachePar
 // Workspace for `tokens` query tokens of h_q heads when the grid has `ctas` CTAs unsplit.
 size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q);
 // Plans the splits of `p` (q/out/lse, caches, indices, tokens, h_q and scales filled), lays out
-// the partials in `workspace`, launches the kernel and the combine.
+// the partials in `workspace`, launches the kernel and the combine. `prefill` (sparse prefill's
+// bf16 kv) picks the staggered compute orders, measured faster there (sparse_prefill/NOTES.md).
 Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
                                const Workspace& workspace, int device_index, cudaStream_t stream,
-                               const char* op, bool batch_invariant = false);
+                               const char* op, bool batch_invariant = false,
+                               bool prefill = false);
 
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream);

@@ -86,7 +86,9 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
     p.scale_log2 = shape.softmax_scale * 1.4426950408889634f;
     OPENMLA_RETURN_IF_ERROR(launch_sparse_attention(p, static_cast<int>(shape.d_qk),
                                                     (shape.topk + 63) / 64, args.workspace,
-                                                    shape.device.index, stream, kOp));
+                                                    shape.device.index, stream, kOp,
+                                                    /*batch_invariant=*/false,
+                                                    /*prefill=*/true));
   }
   return Status::Ok();
 }
