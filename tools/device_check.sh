@@ -20,6 +20,7 @@
 # Options (environment):
 #   GTEST_FILTER=...       filter for both test binaries (default: all tests)
 #   SANITIZER_FILTER=...   filter for the memcheck run (default '*Small*:*Sanitizer*')
+#   SANITIZER_ENV="VAR=V .."  the memcheck run again with these environment settings
 #   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1
 #   BUILD_DIR=build-device  JOBS=$(nproc)  CMAKE_ARGS="..." (extra configure arguments)
 #   COMMIT=<hash>          the commit the working tree is (the device's .git may be stale)
@@ -230,6 +231,9 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
     OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'
   TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_quarters "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
     OPENMLA_SPARSE_QUARTERS=1 'Sparse*'
+  # The streaming token fill (quantised caches; off by default until measured).
+  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_stream "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
+    OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------
@@ -252,6 +256,21 @@ else
       record sanitizer PASS "$STEP_SECONDS" "filter '$SANITIZER_FILTER'; $errors"
     else
       record sanitizer FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); filter '$SANITIZER_FILTER'; $errors"
+    fi
+    # SANITIZER_ENV="VAR=V ...": the same memcheck again with a switch set (appended to the log).
+    if [[ -n "${SANITIZER_ENV:-}" ]]; then
+      echo "=== $SANITIZER_ENV" >>"$LOG"
+      read -r -a san_env <<<"$SANITIZER_ENV"
+      run_step "$LOG" "${SANITIZER_TIMEOUT:-300}" env "${san_env[@]}" "$SANITIZER_BIN" --tool memcheck \
+        --error-exitcode 99 --print-limit 50 "$GPU_TESTS" --gtest_color=no \
+        --gtest_filter="$SANITIZER_FILTER"
+      errors="$(tail -n +"$(grep -n "^=== $SANITIZER_ENV\$" "$LOG" | tail -n 1 | cut -d: -f1)" "$LOG" |
+        grep -m1 -E 'ERROR SUMMARY' | sed 's/^========= //')"
+      if [[ $STEP_RC -eq 0 ]]; then
+        record sanitizer_env PASS "$STEP_SECONDS" "$SANITIZER_ENV; $errors"
+      else
+        record sanitizer_env FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); $SANITIZER_ENV; $errors"
+      fi
     fi
   fi
 fi

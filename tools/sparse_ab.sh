@@ -18,8 +18,10 @@
 #                OPENMLA_SPARSE_TILES_PER_SPLIT=4 OPENMLA_SPARSE_TILES_PER_SPLIT=8
 #                OPENMLA_SPARSE_TILES_PER_SPLIT=16]: the time against split length maps the
 #                small-batch plan (the default plan walks 1-2 tiles a split there)
+#   DECODE_ROWS  --rows of the decode A/B [small-batch]: all, compared or small-batch
 #   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
 #                --kv-formats)
+#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [none]
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -69,13 +71,14 @@ echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt
 
 if [[ $(left) -gt 120 ]]; then
   read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_TILES_PER_SPLIT=2 OPENMLA_SPARSE_TILES_PER_SPLIT=4 OPENMLA_SPARSE_TILES_PER_SPLIT=8 OPENMLA_SPARSE_TILES_PER_SPLIT=16}")"
-  timeout $(($(left) - 60)) python3 "$bench" --rows small-batch --rounds "${ROUNDS:-10}" \
+  timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-small-batch}" --rounds "${ROUNDS:-10}" \
     "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
 fi
 
 if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
+  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-}")"
   timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
-    --rounds "${ROUNDS:-10}" >"$OUT/dense_kv.txt" 2>&1
+    --rounds "${ROUNDS:-10}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
   echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"
 fi

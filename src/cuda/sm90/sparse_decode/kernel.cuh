@@ -698,6 +698,16 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 
 }  // namespace sparse_decode_detail
 
+// The token fill of one format, its rounds streamed where params.stream (producer.cuh).
+template <class Traits, bool kPair, int kCodec>
+__device__ __forceinline__ void produce_codec(const SparseDecodeParams& p,
+                                              typename Traits::SharedStorage& smem, int problem,
+                                              int split) {
+  using namespace sparse_decode_detail;
+  if (p.stream) return produce_by_token_stream<Traits, kPair, kCodec>(p, smem, problem, split);
+  produce_by_token<Traits, kPair, kCodec>(p, smem, problem, split);
+}
+
 // The token fill built for the grid's one quantised format (params.fill_codec), or reading the
 // format at run time (-1: the caches differ, or OPENMLA_SPARSE_FILL=generic; never paired).
 template <class Traits, bool kPair>
@@ -709,13 +719,13 @@ __device__ __forceinline__ void produce_quantised(const SparseDecodeParams& p,
   constexpr int kV32 = static_cast<int>(Codec::kFP8_V32), kModel1 = static_cast<int>(Codec::kFP8_Model1);
   constexpr int kMX = static_cast<int>(Codec::kFP8_MX), kFP4 = static_cast<int>(Codec::kFP4);
   if constexpr (Traits::kHeadDimQK == 576) {
-    if (p.fill_codec == kV32) return produce_by_token<Traits, kPair, kV32>(p, smem, problem, split);
+    if (p.fill_codec == kV32) return produce_codec<Traits, kPair, kV32>(p, smem, problem, split);
   } else {
     if (p.fill_codec == kModel1) {
-      return produce_by_token<Traits, kPair, kModel1>(p, smem, problem, split);
+      return produce_codec<Traits, kPair, kModel1>(p, smem, problem, split);
     }
-    if (p.fill_codec == kMX) return produce_by_token<Traits, kPair, kMX>(p, smem, problem, split);
-    if (p.fill_codec == kFP4) return produce_by_token<Traits, kPair, kFP4>(p, smem, problem, split);
+    if (p.fill_codec == kMX) return produce_codec<Traits, kPair, kMX>(p, smem, problem, split);
+    if (p.fill_codec == kFP4) return produce_codec<Traits, kPair, kFP4>(p, smem, problem, split);
   }
   if constexpr (!kPair) produce_by_token<Traits, false, -1>(p, smem, problem, split);
 }
