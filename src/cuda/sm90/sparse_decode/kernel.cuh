@@ -704,7 +704,14 @@ __device__ __forceinline__ void produce_codec(const SparseDecodeParams& p,
                                               typename Traits::SharedStorage& smem, int problem,
                                               int split) {
   using namespace sparse_decode_detail;
-  if (p.stream) return produce_by_token_stream<Traits, kPair, kCodec>(p, smem, problem, split);
+  // 1: streamed, each round's loop the fast decode alone where its scales allow; 2: streamed,
+  // each chunk choosing its decode path (the A/B of the split)
+  if (p.stream == 1) {
+    return produce_by_token_stream<Traits, kPair, kCodec, true>(p, smem, problem, split);
+  }
+  if (p.stream == 2) {
+    return produce_by_token_stream<Traits, kPair, kCodec, false>(p, smem, problem, split);
+  }
   produce_by_token<Traits, kPair, kCodec>(p, smem, problem, split);
 }
 

@@ -247,8 +247,13 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // launch) runs the two CTAs apart, for A/B runs.
   p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0");
   // OPENMLA_SPARSE_STREAM=1 (read at every launch): the token fill with its rounds streamed, a
-  // round's loads under the previous round's decode (producer.cuh produce_by_token_stream).
-  p.stream = p.fill_codec >= 0 && env_is("OPENMLA_SPARSE_STREAM", "1");
+  // round's loads under the previous round's decode, and a loop of the fast decode alone for a
+  // round whose scales allow it (producer.cuh produce_by_token_stream); =2 streamed without
+  // that loop (for A/B runs).
+  p.stream = p.fill_codec < 0                              ? 0
+             : env_is("OPENMLA_SPARSE_STREAM", "1") ? 1
+             : env_is("OPENMLA_SPARSE_STREAM", "2") ? 2
+                                                    : 0;
   // bf16 keys by cp.async (bf16 caches, sparse prefill's kv): the seesaw order of the compute
   // warpgroups, each computing S for alternate tiles (sparse_prefill/NOTES.md): H100, same run,
   // prefill 1.10-1.15x at d 512 and 1.04-1.06x at d 576 with one m-block; at d 576 with two
