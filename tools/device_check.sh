@@ -21,7 +21,8 @@
 #   GTEST_FILTER=...       filter for both test binaries (default: all tests)
 #   SANITIZER_FILTER=...   filter for the memcheck run (default '*Small*:*Sanitizer*')
 #   SANITIZER_ENV="VAR=V .."  the memcheck run again with these environment settings
-#   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1
+#   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1  SKIP_CPU_TESTS=1
+#   SWITCHES="stream no_stagger ..."  only these of the switch steps (gpu_tests_NAME; default all)
 #   BUILD_DIR=build-device  JOBS=$(nproc)  CMAKE_ARGS="..." (extra configure arguments)
 #   COMMIT=<hash>          the commit the working tree is (the device's .git may be stale)
 #   SPARSE_BENCH_ARGS="..."  arguments of bench/sparse_decode_vs_flashmla.py, e.g. "--only
@@ -206,7 +207,22 @@ run_tests() {  # run_tests STEP BINARY LOGFILE [ENV=VALUE GTEST_FILTER: appended
     record "$step" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) $summary"
   fi
 }
-run_tests cpu_tests "$BUILD_DIR/tests/openmla_cpu_tests" "$OUT/cpu_tests.txt"
+# switch_tests NAME ...: run_tests gpu_tests_NAME ... unless SWITCHES (a list of names) leaves it out.
+switch_tests() {
+  local name="$1"
+  shift
+  if [[ -n "${SWITCHES:-}" && " $SWITCHES " != *" $name "* ]]; then
+    record "gpu_tests_$name" SKIP 0 "not in SWITCHES"
+    return
+  fi
+  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests "gpu_tests_$name" \
+    "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" "$@"
+}
+if [[ "${SKIP_CPU_TESTS:-0}" == 1 ]]; then
+  record cpu_tests SKIP 0 "SKIP_CPU_TESTS=1"
+else
+  run_tests cpu_tests "$BUILD_DIR/tests/openmla_cpu_tests" "$OUT/cpu_tests.txt"
+fi
 run_tests gpu_tests "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt"
 # Quantised caches take the token fill wherever their parts are aligned; the warp-per-key fill
 # (unaligned layouts, and OPENMLA_SPARSE_FILL=keys) is tested for every format here.
@@ -214,26 +230,18 @@ run_tests gpu_tests "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt"
 # launch is tested too. bf16 tiles run the seesaw order where it is faster; the default order
 # is tested for every shape too.
 if [[ -z "${GTEST_FILTER:-}" ]]; then
-  run_tests gpu_tests_keys_fill "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
-    OPENMLA_SPARSE_FILL=keys 'Sparse*:DenseDecodeKVCache*'
-  run_tests gpu_tests_unpaired "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
-    OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
-  run_tests gpu_tests_default_order "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
-    OPENMLA_SPARSE_SEESAW=0 'Sparse*'
+  switch_tests keys_fill OPENMLA_SPARSE_FILL=keys 'Sparse*:DenseDecodeKVCache*'
+  switch_tests unpaired OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
+  switch_tests default_order OPENMLA_SPARSE_SEESAW=0 'Sparse*'
   # Sparse prefill runs the staggered maxima (d 512) and the quarter-stage barriers (d 576) by
   # default; OPENMLA_SPARSE_STAGGER=0 keeps its earlier orders, =1 and OPENMLA_SPARSE_QUARTERS=1
   # put them on bf16 decode too, OPENMLA_SPARSE_L2HINT=1 adds the L2 hint.
-  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_no_stagger "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
-    OPENMLA_SPARSE_STAGGER=0 'SparsePrefill*'
-  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_stagger "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
-    OPENMLA_SPARSE_STAGGER=1 'Sparse*'
-  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_l2hint "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
-    OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'
-  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_quarters "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
-    OPENMLA_SPARSE_QUARTERS=1 'Sparse*'
+  switch_tests no_stagger OPENMLA_SPARSE_STAGGER=0 'SparsePrefill*'
+  switch_tests stagger OPENMLA_SPARSE_STAGGER=1 'Sparse*'
+  switch_tests l2hint OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'
+  switch_tests quarters OPENMLA_SPARSE_QUARTERS=1 'Sparse*'
   # The streaming token fill (quantised caches; off by default until measured).
-  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests gpu_tests_stream "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" \
-    OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
+  switch_tests stream OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------
