@@ -242,6 +242,8 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests quarters OPENMLA_SPARSE_QUARTERS=1 'Sparse*'
   # The streaming token fill (quantised caches; off by default until measured).
   switch_tests stream OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
+  # The group fill of bf16 rows (the seesaw orders; off by default until measured).
+  switch_tests groups OPENMLA_SPARSE_GROUPS=1 'Sparse*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

@@ -279,6 +279,9 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.stagger = p.seesaw && stagger;
   p.l2_hint = p.stagger && l2_hint;
   p.quarters = p.stagger && quarters;
+  // OPENMLA_SPARSE_GROUPS=1 (read at every launch): the seesaw's producer copies rows by 8-lane
+  // groups, 4 keys a warp instruction, an address a key and lane (producer.cuh produce_halves).
+  p.group_fill = p.seesaw && env_is("OPENMLA_SPARSE_GROUPS", "1");
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

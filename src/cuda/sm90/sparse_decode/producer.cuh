@@ -363,6 +363,28 @@ __device__ __forceinline__ void cp_async_l2(char* dst, const void* src, bool val
                "l"(src), "r"(valid ? 16 : 0), "l"(policy)
                : "memory");
 }
+// A 64-bit warp shuffle as volatile asm: it stays after the barrier wait before it (ptxas moves
+// plain shuffles above the wait, holding every fill's addresses across it: spills at the
+// seesaw producer's 40 registers).
+__device__ __forceinline__ uint64_t shfl_after_wait(uint64_t v, int src_lane) {
+  uint32_t lo = static_cast<uint32_t>(v), hi = static_cast<uint32_t>(v >> 32);
+  asm volatile("shfl.sync.idx.b32 %0, %0, %2, 0x1f, 0xffffffff;\n\t"
+               "shfl.sync.idx.b32 %1, %1, %2, 0x1f, 0xffffffff;"
+               : "+r"(lo), "+r"(hi)
+               : "r"(src_lane));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+// 16 bytes to a shared-window address (so constant offsets fold into the instruction).
+__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async16_u32_l2(uint32_t dst, const void* src, bool valid,
+                                                  uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(dst),
+               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
@@ -1162,7 +1184,69 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
       __syncwarp();
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[4 * s + part]);
     };
-    if constexpr (Traits::kQuarters) {  // L0 R1 R0 L1 by quarters
+    // The group fill (params.group_fill): lane (i, c) = (lane / 8, lane % 8) copies 16-byte chunk
+    // c of every 128 B piece row of the warp's keys i + 4 j (j = 0 .. 3), so a warp instruction
+    // moves 4 keys' rows (4 lines, as the copies above) and a lane takes a key's row address once
+    // a fill (a 64-bit shuffle) where the copies above shuffle it for every key and copy; the
+    // shared-memory offsets are constants but for the key's swizzle (i + 4 j) & 7, one of two
+    // values. A lane's four keys of tile 2 it + s: pieces p0 .. p0 + np - 1, and d 576's RoPE
+    // piece where `rope`.
+    auto fill_groups = [&](int s, int part, int p0, int np, bool rope) {
+      cutlass::arch::ClusterBarrier::wait(&smem.empty[Traits::kParts * s + part], (it & 1) ^ 1);
+      const int gi = lane >> 3, cc = lane & 7;
+      const uint32_t rows =
+          smem_u32(reinterpret_cast<char*>(smem.k[s])) + (16 * warp + gi) * 128;
+      const uint32_t mask = (ballot >> (16 * s)) & 0xFFFFu;
+      // (not unrolled: the producer's 40 registers hold one key's addresses at a time)
+#pragma unroll 1
+      for (int j = 0; j < 4; ++j) {
+        const int key = gi + 4 * j;
+        const bool ok = (mask >> key) & 1u;
+        const uint8_t* row = reinterpret_cast<const uint8_t*>(
+                                 shfl_after_wait(reinterpret_cast<uint64_t>(my_row), 16 * s + key)) +
+                             16 * cc;
+        const uint32_t r = rows + 512 * j + ((cc ^ (gi | ((j & 1) << 2))) << 4);
+#pragma unroll
+        for (int e = 0; e < np; ++e) {
+          if constexpr (kL2Hint) {
+            cp_async16_u32_l2(r + (p0 + e) * 8192, row + (p0 + e) * 128, ok, policy);
+          } else {
+            cp_async16_u32(r + (p0 + e) * 8192, row + (p0 + e) * 128, ok);
+          }
+        }
+        if (D == 576 && rope) {
+          if constexpr (kL2Hint) {
+            cp_async16_u32_l2(r + 8 * 8192, row + 8 * 128, ok, policy);
+          } else {
+            cp_async16_u32(r + 8 * 8192, row + 8 * 128, ok);
+          }
+        }
+      }
+      if (rope && lane == 0) {  // the stage's mask goes with its last part
+        smem.valid[s][2 * warp] = mask & 0xFFu;
+        smem.valid[s][2 * warp + 1] = mask >> 8;
+      }
+      cp_async_track(smem.full[Traits::kParts * s + part]);
+      __syncwarp();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[Traits::kParts * s + part]);
+    };
+    if (p.group_fill) {
+      if constexpr (Traits::kQuarters) {  // L0 R1 R0 L1 by quarters
+        fill_groups(0, 0, 0, 2, false);
+        fill_groups(0, 1, 2, 2, false);
+        fill_groups(1, 2, 4, 2, false);
+        fill_groups(1, 3, 6, 2, true);
+        fill_groups(0, 2, 4, 2, false);
+        fill_groups(0, 3, 6, 2, true);
+        fill_groups(1, 0, 0, 2, false);
+        fill_groups(1, 1, 2, 2, false);
+      } else {
+        fill_groups(0, 0, 0, 4, false);
+        if (odd) fill_groups(1, 1, 4, 4, true);
+        fill_groups(0, 1, 4, 4, true);
+        if (odd) fill_groups(1, 0, 0, 4, false);
+      }
+    } else if constexpr (Traits::kQuarters) {  // L0 R1 R0 L1 by quarters
       fill_quarter(0, 0);
       fill_quarter(0, 1);
       fill_quarter(1, 2);
