@@ -240,10 +240,14 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests stagger OPENMLA_SPARSE_STAGGER=1 'Sparse*'
   switch_tests l2hint OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'
   switch_tests quarters OPENMLA_SPARSE_QUARTERS=1 'Sparse*'
-  # The streaming token fill (quantised caches; off by default until measured).
+  # The token fill streams its rounds by default for every fp8 format (=1, or =2 for fp8_v32's
+  # unpaired sparse grids), fp4 not: each form everywhere, and the round-by-round fill (=0).
   switch_tests stream OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
-  # The group fill of bf16 rows (the seesaw orders; off by default until measured).
+  switch_tests stream2 OPENMLA_SPARSE_STREAM=2 'Sparse*:DenseDecodeKVCache*'
+  switch_tests stream_off OPENMLA_SPARSE_STREAM=0 'Sparse*:DenseDecodeKVCache*'
+  # The group fill of bf16 rows: prefill's default; on bf16 decode too (=1), and off (=0).
   switch_tests groups OPENMLA_SPARSE_GROUPS=1 'Sparse*'
+  switch_tests no_groups OPENMLA_SPARSE_GROUPS=0 'SparsePrefill*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

@@ -246,14 +246,27 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // the dense mode's packed rows; 1.03-1.30x, NOTES.md). OPENMLA_SPARSE_PAIR=0 (read at every
   // launch) runs the two CTAs apart, for A/B runs.
   p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0");
-  // OPENMLA_SPARSE_STREAM=1 (read at every launch): the token fill with its rounds streamed, a
-  // round's loads under the previous round's decode, and a loop of the fast decode alone for a
-  // round whose scales allow it (producer.cuh produce_by_token_stream); =2 streamed without
-  // that loop (for A/B runs).
-  p.stream = p.fill_codec < 0                              ? 0
-             : env_is("OPENMLA_SPARSE_STREAM", "1") ? 1
-             : env_is("OPENMLA_SPARSE_STREAM", "2") ? 2
-                                                    : 0;
+  // The streaming token fill (producer.cuh produce_by_token_stream: a round's loads under the
+  // previous round's decode; 1: with a loop of the fast decode alone for a round whose scales
+  // allow it, 2: without), per format and mode where it measured faster (H100, 16a8ddb, same
+  // run, sparse_decode/NOTES.md): fp8_model1 and fp8_mx 1 (sparse 1.04-1.07x, dense mode
+  // 1.07-1.24x); fp8_v32 1 (dense mode 1.05-1.13x, CTA pairs 1.01x) but 2 unpaired in the
+  // sparse mode (1.04x, where 1 was 0.99x); fp4 the round-by-round fill (streamed: 0.96-0.99x).
+  // OPENMLA_SPARSE_STREAM=0|1|2 (read at every launch) forces one, for A/B runs.
+  {
+    using kvcodec::Codec;
+    int stream = 0;
+    if (p.fill_codec == static_cast<int>(Codec::kFP8_Model1) ||
+        p.fill_codec == static_cast<int>(Codec::kFP8_MX)) {
+      stream = 1;
+    } else if (p.fill_codec == static_cast<int>(Codec::kFP8_V32)) {
+      stream = p.block_table == nullptr && !p.pair ? 2 : 1;
+    }
+    if (env_is("OPENMLA_SPARSE_STREAM", "0")) stream = 0;
+    if (env_is("OPENMLA_SPARSE_STREAM", "1")) stream = 1;
+    if (env_is("OPENMLA_SPARSE_STREAM", "2")) stream = 2;
+    p.stream = p.fill_codec >= 0 ? stream : 0;
+  }
   // bf16 keys by cp.async (bf16 caches, sparse prefill's kv): the seesaw order of the compute
   // warpgroups, each computing S for alternate tiles (sparse_prefill/NOTES.md): H100, same run,
   // prefill 1.10-1.15x at d 512 and 1.04-1.06x at d 576 with one m-block; at d 576 with two
@@ -279,9 +292,12 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.stagger = p.seesaw && stagger;
   p.l2_hint = p.stagger && l2_hint;
   p.quarters = p.stagger && quarters;
-  // OPENMLA_SPARSE_GROUPS=1 (read at every launch): the seesaw's producer copies rows by 8-lane
-  // groups, 4 keys a warp instruction, an address a key and lane (producer.cuh produce_halves).
-  p.group_fill = p.seesaw && env_is("OPENMLA_SPARSE_GROUPS", "1");
+  // The seesaw's producer copies rows by 8-lane groups, 4 keys a warp instruction, an address a
+  // key and lane (producer.cuh produce_halves): sparse prefill's default (H100, 16a8ddb, same
+  // run: 1.09-1.24x on every prefill row, sparse_prefill/NOTES.md). OPENMLA_SPARSE_GROUPS=0|1
+  // (read at every launch): off for prefill, on for bf16 decode (not yet timed there).
+  p.group_fill = p.seesaw && (prefill ? !env_is("OPENMLA_SPARSE_GROUPS", "0")
+                                      : env_is("OPENMLA_SPARSE_GROUPS", "1"));
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

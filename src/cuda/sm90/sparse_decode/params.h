@@ -94,9 +94,9 @@ struct SparseDecodeParams {
   bool l2_hint;         // stagger: its producer's copies keep rows in L2 (OPENMLA_SPARSE_L2HINT=1)
   bool quarters;        // stagger: a barrier pair a quarter-stage (OPENMLA_SPARSE_QUARTERS=1)
   bool group_fill;      // seesaw: bf16 rows by 8-lane groups, 4 keys a warp instruction
-                        // (OPENMLA_SPARSE_GROUPS=1; producer.cuh produce_halves)
-  int stream;           // fill_codec >= 0: the streaming token fill (OPENMLA_SPARSE_STREAM=1,
-                        // or 2 without the per-round fast loop; producer.cuh)
+                        // (prefill's default; OPENMLA_SPARSE_GROUPS; producer.cuh)
+  int stream;           // fill_codec >= 0: the streaming token fill, 1 with the per-round fast
+                        // loop, 2 without, 0 off (launch.cu; OPENMLA_SPARSE_STREAM; producer.cuh)
 };
 
 }  // namespace openmla::cuda::sm90
