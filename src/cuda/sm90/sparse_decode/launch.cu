@@ -250,8 +250,9 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // previous round's decode; 1: with a loop of the fast decode alone for a round whose scales
   // allow it, 2: without), per format and mode where it measured faster (H100, 16a8ddb, same
   // run, sparse_decode/NOTES.md): fp8_model1 and fp8_mx 1 (sparse 1.04-1.07x, dense mode
-  // 1.07-1.24x); fp8_v32 1 (dense mode 1.05-1.13x, CTA pairs 1.01x) but 2 unpaired in the
-  // sparse mode (1.04x, where 1 was 0.99x); fp4 the round-by-round fill (streamed: 0.96-0.99x).
+  // 1.07-1.24x); fp8_v32 1 in CTA pairs and the dense mode (1.01x, 1.05-1.13x); fp8_v32's
+  // unpaired sparse grids round by round (1 was 0.99x; 2 timed 1.04x there but has not run its
+  // GPU tests yet); fp4 round by round (streamed: 0.96-0.99x).
   // OPENMLA_SPARSE_STREAM=0|1|2 (read at every launch) forces one, for A/B runs.
   {
     using kvcodec::Codec;
@@ -260,7 +261,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
         p.fill_codec == static_cast<int>(Codec::kFP8_MX)) {
       stream = 1;
     } else if (p.fill_codec == static_cast<int>(Codec::kFP8_V32)) {
-      stream = p.block_table == nullptr && !p.pair ? 2 : 1;
+      stream = p.block_table == nullptr && !p.pair ? 0 : 1;
     }
     if (env_is("OPENMLA_SPARSE_STREAM", "0")) stream = 0;
     if (env_is("OPENMLA_SPARSE_STREAM", "1")) stream = 1;
