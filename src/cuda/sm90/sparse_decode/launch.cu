@@ -278,13 +278,14 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // same run: stagger 1.10-1.14x at d 512, quarters 1.13-1.19x at d 576 over the seesaw/default
   // orders). Environment switches (read at every launch), for A/B runs:
   //   OPENMLA_SPARSE_STAGGER=0  prefill without them; =1 the stagger wherever the seesaw runs
-  //   OPENMLA_SPARSE_QUARTERS=1 the quarters at d 512 too (measured below the stagger there)
+  //   OPENMLA_SPARSE_QUARTERS=1 the quarters at d 512 too (measured below the stagger there);
+  //                             =0 prefill's stagger without them at d 576
   //   OPENMLA_SPARSE_L2HINT=1   the stagger with an evict-last policy and a 256 B L2 prefetch on
   //                             its producer's copies (lever 1; measured within 1%)
   const bool prefill_stagger = prefill && !env_is("OPENMLA_SPARSE_STAGGER", "0");
   const bool l2_hint = env_is("OPENMLA_SPARSE_L2HINT", "1");
-  const bool quarters =
-      env_is("OPENMLA_SPARSE_QUARTERS", "1") || (prefill_stagger && d_qk == 576);
+  const bool quarters = env_is("OPENMLA_SPARSE_QUARTERS", "1") ||
+                        (prefill_stagger && d_qk == 576 && !env_is("OPENMLA_SPARSE_QUARTERS", "0"));
   const bool stagger =
       env_is("OPENMLA_SPARSE_STAGGER", "1") || l2_hint || quarters || prefill_stagger;
   p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
