@@ -245,6 +245,8 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests stream OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
   switch_tests stream2 OPENMLA_SPARSE_STREAM=2 'Sparse*:DenseDecodeKVCache*'
   switch_tests stream_off OPENMLA_SPARSE_STREAM=0 'Sparse*:DenseDecodeKVCache*'
+  # fp4's round-by-round fill with conflict-free stores (off by default until measured).
+  switch_tests fp4_swap OPENMLA_SPARSE_FP4_SWAP=1 'Sparse*:DenseDecodeKVCache*'
   # The group fill of bf16 rows: prefill's default; on bf16 decode too (=1), and off (=0).
   switch_tests groups OPENMLA_SPARSE_GROUPS=1 'Sparse*'
   switch_tests no_groups OPENMLA_SPARSE_GROUPS=0 'SparsePrefill*'

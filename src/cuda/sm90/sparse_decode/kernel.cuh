@@ -712,6 +712,9 @@ __device__ __forceinline__ void produce_codec(const SparseDecodeParams& p,
   if (p.stream == 2) {
     return produce_by_token_stream<Traits, kPair, kCodec, false>(p, smem, problem, split);
   }
+  if constexpr (kCodec == static_cast<int>(kvcodec::Codec::kFP4)) {
+    if (p.fp4_swap) return produce_by_token<Traits, kPair, kCodec, true>(p, smem, problem, split);
+  }
   produce_by_token<Traits, kPair, kCodec>(p, smem, problem, split);
 }
 

@@ -268,6 +268,10 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
     if (env_is("OPENMLA_SPARSE_STREAM", "2")) stream = 2;
     p.stream = p.fill_codec >= 0 ? stream : 0;
   }
+  // OPENMLA_SPARSE_FP4_SWAP=1 (read at every launch): fp4's round-by-round fill stores each
+  // chunk's halves in an order free of shared-memory bank conflicts (producer.cuh store_token;
+  // not yet measured).
+  p.fp4_swap = env_is("OPENMLA_SPARSE_FP4_SWAP", "1");
   // bf16 keys by cp.async (bf16 caches, sparse prefill's kv): the seesaw order of the compute
   // warpgroups, each computing S for alternate tiles (sparse_prefill/NOTES.md): H100, same run,
   // prefill 1.10-1.15x at d 512 and 1.04-1.06x at d 576 with one m-block; at d 576 with two

@@ -95,6 +95,8 @@ struct SparseDecodeParams {
   bool quarters;        // stagger: a barrier pair a quarter-stage (OPENMLA_SPARSE_QUARTERS=1)
   bool group_fill;      // seesaw: bf16 rows by 8-lane groups, 4 keys a warp instruction
                         // (prefill's default; OPENMLA_SPARSE_GROUPS; producer.cuh)
+  bool fp4_swap;        // fp4's round-by-round fill stores without bank conflicts
+                        // (OPENMLA_SPARSE_FP4_SWAP=1; producer.cuh store_token)
   int stream;           // fill_codec >= 0: the streaming token fill, 1 with the per-round fast
                         // loop, 2 without, 0 off (launch.cu; OPENMLA_SPARSE_STREAM; producer.cuh)
 };

@@ -529,7 +529,10 @@ __device__ __forceinline__ void copy_rope_async(const SparseCacheParams& c, int 
 // (never loaded): zero codes times a zero (or e8m0 2^-127) scale decode to zeros, so no select.
 // A quarter-warp's 8 lanes are 2 keys (rows of different parity) x 4 quarters: 8 different
 // 16 B bank groups a store.
-template <int D, int kCodec, bool kPair>
+// kFp4Swap (OPENMLA_SPARSE_FP4_SWAP=1): lanes q = 2, 3 store an fp4 chunk's halves in the other
+// order, so the 8 lanes of a quarter-warp (2 keys x 4 quarters) store into 8 different 16 B bank
+// groups; in the first order q and q + 2 hit the same group in different pieces (2-way).
+template <int D, int kCodec, bool kPair, bool kFp4Swap = false>
 __device__ __forceinline__ void store_token(const SparseCacheParams& c, const TokenRaw& t, int q,
                                             const StageDst& stage, int row) {
   const int codec = codec_of<kCodec>(c);
@@ -559,7 +562,8 @@ __device__ __forceinline__ void store_token(const SparseCacheParams& c, const To
     for (int e = 0; e < 4; ++e) {
       const uint32_t w = (q >> 1) ? t.s[2 * e + 1] : t.s[2 * e];  // a select, no dynamic index
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int h0 = 0; h0 < 2; ++h0) {
+        const int h = kFp4Swap ? h0 ^ (q >> 1) : h0;
         RawKey r;
         r.w[0] = h == 0 ? t.d[e].x : t.d[e].z;
         r.w[1] = h == 0 ? t.d[e].y : t.d[e].w;
@@ -596,7 +600,7 @@ constexpr int pair_data_pieces() {
 
 // kPair (pair.cuh): this CTA decodes only round `rank` of each tile (32 keys) and stores it into
 // both CTAs' stages; the RoPE copies (cp.async, local only) still cover both rounds.
-template <class Traits, bool kPair, int kCodec>
+template <class Traits, bool kPair, int kCodec, bool kFp4Swap = false>
 __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
                                                  typename Traits::SharedStorage& smem, int problem,
                                                  int split) {
@@ -661,7 +665,7 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
                            row0 + 32 * (r ^ 1));
       }
       copy_rope_async<D, kCodec>(c, slot, ok, q, dst.local, row0 + 32 * r);
-      store_token<D, kCodec, false>(c, t, q, dst, row0 + 32 * r);
+      store_token<D, kCodec, false, kFp4Swap>(c, t, q, dst, row0 + 32 * r);
       // Key j's bit is lane 4 j's: gathered into bits 0 .. 7.
       uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
       mask = (mask | (mask >> 3)) & 0x03030303u;
