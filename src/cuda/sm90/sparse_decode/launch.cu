@@ -302,8 +302,12 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   // key and lane (producer.cuh produce_halves): sparse prefill's default (H100, 16a8ddb, same
   // run: 1.09-1.24x on every prefill row, sparse_prefill/NOTES.md). OPENMLA_SPARSE_GROUPS=0|1
   // (read at every launch): off for prefill, on for bf16 decode (not yet timed there).
-  p.group_fill = p.seesaw && (prefill ? !env_is("OPENMLA_SPARSE_GROUPS", "0")
-                                      : env_is("OPENMLA_SPARSE_GROUPS", "1"));
+  // (The first order's bf16 producer has the group fill too: bf16 decode at d 576 with two
+  // m-blocks, and prefill with OPENMLA_SPARSE_STAGGER=0 there.)
+  const bool bf16_async = !p.by_token && p.cache[0].async_copy &&
+                          (p.topk[1] == 0 || p.cache[1].async_copy);
+  p.group_fill = bf16_async && (prefill ? !env_is("OPENMLA_SPARSE_GROUPS", "0")
+                                        : env_is("OPENMLA_SPARSE_GROUPS", "1"));
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

@@ -1037,11 +1037,31 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
           c.base + (valid ? block_base + c.data_offset + static_cast<int64_t>(offset) * c.data_stride
                           : 0);
       char* rows = dst + 16 * warp * 128;
+      if (!Traits::kDense && p.group_fill) {
+        // The group fill (produce_halves): lane (i, c) copies 16-byte chunk c of every 128 B
+        // piece row of keys i + 4 j, all 16 B copies (the RoPE piece too), a quarter-warp's 8
+        // stores in 8 bank groups. (Not in the dense mode, whose producer's 88 registers it
+        // would overflow.)
+        const int gi = lane >> 3, cc = lane & 7;
+        const uint32_t base = smem_u32(rows) + gi * 128;
+#pragma unroll 1
+        for (int j = 0; j < 4; ++j) {
+          const int key = gi + 4 * j;
+          const bool ok = (mask >> key) & 1u;
+          const uint8_t* row = reinterpret_cast<const uint8_t*>(
+                                   shfl_after_wait(reinterpret_cast<uint64_t>(my_row), key)) +
+                               16 * cc;
+          const uint32_t r = base + 512 * j + ((cc ^ (gi | ((j & 1) << 2))) << 4);
+#pragma unroll
+          for (int e = 0; e < Traits::kNumPieces; ++e) cp_async16_u32(r + e * 8192, row + e * 128, ok);
+        }
+      } else {
 #pragma unroll 4
-      for (int key = 0; key < Traits::kKeysPerWarp; ++key) {
-        const uint8_t* row = reinterpret_cast<const uint8_t*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(my_row), key));
-        copy_key_async<D>(row, (mask >> key) & 1u, rows + key * 128, key & 7, lane);
+        for (int key = 0; key < Traits::kKeysPerWarp; ++key) {
+          const uint8_t* row = reinterpret_cast<const uint8_t*>(
+              __shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(my_row), key));
+          copy_key_async<D>(row, (mask >> key) & 1u, rows + key * 128, key & 7, lane);
+        }
       }
       if (lane == 0) {
         smem.valid[stage][2 * warp] = mask & 0xFFu;
