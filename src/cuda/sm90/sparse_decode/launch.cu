@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/sparse_kernel_plan.h"
 #include "core/str_cat.h"
 #include "cuda/common/kv_codec.cuh"
 #include "cuda/sm90/attention/launch.h"
@@ -29,6 +30,36 @@ bool env_is(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 bool bf16_cp_async() { return !env_is("OPENMLA_SPARSE_BF16_CP_ASYNC", "0"); }
+
+// An A/B switch of the sparse kernel's form (read at every launch): 0, 1 or 2, else -1 (unset).
+int env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] < '0' || v[0] > '2' || v[1] != '\0') return -1;
+  return v[0] - '0';
+}
+core::SparseKernelSwitches env_switches() {
+  core::SparseKernelSwitches sw;
+  sw.stagger = env_switch("OPENMLA_SPARSE_STAGGER");
+  sw.quarters = env_switch("OPENMLA_SPARSE_QUARTERS");
+  sw.l2_hint = env_switch("OPENMLA_SPARSE_L2HINT");
+  sw.seesaw = env_switch("OPENMLA_SPARSE_SEESAW");
+  sw.groups = env_switch("OPENMLA_SPARSE_GROUPS");
+  sw.stream = env_switch("OPENMLA_SPARSE_STREAM");
+  sw.pair = env_switch("OPENMLA_SPARSE_PAIR");
+  sw.fp4_swap = env_switch("OPENMLA_SPARSE_FP4_SWAP");
+  sw.generic_fill = env_is("OPENMLA_SPARSE_FILL", "generic");
+  return sw;
+}
+core::SparseFillFormat fill_format(int codec) {
+  using kvcodec::Codec;
+  switch (static_cast<Codec>(codec)) {
+    case Codec::kFP8_V32: return core::SparseFillFormat::kFP8_V32;
+    case Codec::kFP8_Model1: return core::SparseFillFormat::kFP8_Model1;
+    case Codec::kFP8_MX: return core::SparseFillFormat::kFP8_MX;
+    case Codec::kFP4: return core::SparseFillFormat::kFP4;
+    default: return core::SparseFillFormat::kNone;
+  }
+}
 
 // OPENMLA_SPARSE_SPLIT_OVERHEAD=n (0-16, read at every launch; A/B runs of the split plan at
 // small batches): a CTA's fixed cost in the plan's model, in tiles; 1 otherwise.
@@ -234,80 +265,30 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
     return Status::CudaError(core::str_cat(op, ": launch failed: ", cudaGetErrorName(err), " (",
                                            cudaGetErrorString(err), ")"));
   };
+  // The kernel's form (core/sparse_kernel_plan.h: the fill, the compute order and their
+  // switches, each default measured faster on an H100; docs/benchmarking.md lists the switches).
   p.by_token = p.cache[0].by_token && (p.topk[1] == 0 || p.cache[1].by_token);
-  // The token fill is built once per quantised format (no branches over the others); a grid
-  // whose two caches differ in format, or OPENMLA_SPARSE_FILL=generic (A/B runs), takes the
-  // fill that reads the format at run time.
+  core::SparseKernelShape kshape;
+  kshape.prefill = prefill;
+  kshape.dense_mode = p.block_table != nullptr;
+  kshape.d_qk = d_qk;
+  kshape.m_blocks = p.m_blocks;
+  kshape.by_token = p.by_token;
+  // The token fill is built once per quantised format; caches of two formats take the fill that
+  // reads the format at run time.
   const bool one_codec = p.topk[1] == 0 || p.cache[1].codec == p.cache[0].codec;
-  p.fill_codec = p.by_token && one_codec && !env_is("OPENMLA_SPARSE_FILL", "generic")
-                     ? p.cache[0].codec
-                     : -1;
-  // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
-  // the dense mode's packed rows; 1.03-1.30x, NOTES.md). OPENMLA_SPARSE_PAIR=0 (read at every
-  // launch) runs the two CTAs apart, for A/B runs.
-  p.pair = p.fill_codec >= 0 && p.m_blocks % 2 == 0 && !env_is("OPENMLA_SPARSE_PAIR", "0");
-  // The streaming token fill (producer.cuh produce_by_token_stream: a round's loads under the
-  // previous round's decode; 1: with a loop of the fast decode alone for a round whose scales
-  // allow it, 2: without), per format and mode where it measured faster (H100, 16a8ddb, same
-  // run, sparse_decode/NOTES.md): fp8_model1 and fp8_mx 1 (sparse 1.04-1.07x, dense mode
-  // 1.07-1.24x); fp8_v32 1 in CTA pairs and the dense mode (1.01x, 1.05-1.13x); fp8_v32's
-  // unpaired sparse grids round by round (1 was 0.99x; 2 timed 1.04x there but has not run its
-  // GPU tests yet); fp4 round by round (streamed: 0.96-0.99x).
-  // OPENMLA_SPARSE_STREAM=0|1|2 (read at every launch) forces one, for A/B runs.
-  {
-    using kvcodec::Codec;
-    int stream = 0;
-    if (p.fill_codec == static_cast<int>(Codec::kFP8_Model1) ||
-        p.fill_codec == static_cast<int>(Codec::kFP8_MX)) {
-      stream = 1;
-    } else if (p.fill_codec == static_cast<int>(Codec::kFP8_V32)) {
-      stream = p.block_table == nullptr && !p.pair ? 0 : 1;
-    }
-    if (env_is("OPENMLA_SPARSE_STREAM", "0")) stream = 0;
-    if (env_is("OPENMLA_SPARSE_STREAM", "1")) stream = 1;
-    if (env_is("OPENMLA_SPARSE_STREAM", "2")) stream = 2;
-    p.stream = p.fill_codec >= 0 ? stream : 0;
-  }
-  // OPENMLA_SPARSE_FP4_SWAP=1 (read at every launch): fp4's round-by-round fill stores each
-  // chunk's halves in an order free of shared-memory bank conflicts (producer.cuh store_token;
-  // not yet measured).
-  p.fp4_swap = env_is("OPENMLA_SPARSE_FP4_SWAP", "1");
-  // bf16 keys by cp.async (bf16 caches, sparse prefill's kv): the seesaw order of the compute
-  // warpgroups, each computing S for alternate tiles (sparse_prefill/NOTES.md): H100, same run,
-  // prefill 1.10-1.15x at d 512 and 1.04-1.06x at d 576 with one m-block; at d 576 with two
-  // (h_q 128) it was 0.97-1.01x on prefill and 0.87x on bf16 decode, which keep the default
-  // order. OPENMLA_SPARSE_SEESAW=0 (read at every launch) keeps it everywhere, for A/B runs.
-  // Staggered maxima (WG1's softmax under WG0's P V, sparse_prefill/NOTES.md lever 0) and, at
-  // d 576, a barrier pair a quarter-stage (lever 1b): sparse prefill's default (H100, b76f94f,
-  // same run: stagger 1.10-1.14x at d 512, quarters 1.13-1.19x at d 576 over the seesaw/default
-  // orders). Environment switches (read at every launch), for A/B runs:
-  //   OPENMLA_SPARSE_STAGGER=0  prefill without them; =1 the stagger wherever the seesaw runs
-  //   OPENMLA_SPARSE_QUARTERS=1 the quarters at d 512 too (measured below the stagger there);
-  //                             =0 prefill's stagger without them at d 576
-  //   OPENMLA_SPARSE_L2HINT=1   the stagger with an evict-last policy and a 256 B L2 prefetch on
-  //                             its producer's copies (lever 1; measured within 1%)
-  const bool prefill_stagger = prefill && !env_is("OPENMLA_SPARSE_STAGGER", "0");
-  const bool l2_hint = env_is("OPENMLA_SPARSE_L2HINT", "1");
-  const bool quarters = env_is("OPENMLA_SPARSE_QUARTERS", "1") ||
-                        (prefill_stagger && d_qk == 576 && !env_is("OPENMLA_SPARSE_QUARTERS", "0"));
-  const bool stagger =
-      env_is("OPENMLA_SPARSE_STAGGER", "1") || l2_hint || quarters || prefill_stagger;
-  p.seesaw = !p.by_token && p.block_table == nullptr && p.cache[0].async_copy &&
-             (p.topk[1] == 0 || p.cache[1].async_copy) &&
-             (d_qk == 512 || p.m_blocks == 1 || stagger) && !env_is("OPENMLA_SPARSE_SEESAW", "0");
-  p.stagger = p.seesaw && stagger;
-  p.l2_hint = p.stagger && l2_hint;
-  p.quarters = p.stagger && quarters;
-  // The seesaw's producer copies rows by 8-lane groups, 4 keys a warp instruction, an address a
-  // key and lane (producer.cuh produce_halves): sparse prefill's default (H100, 16a8ddb, same
-  // run: 1.09-1.24x on every prefill row, sparse_prefill/NOTES.md). OPENMLA_SPARSE_GROUPS=0|1
-  // (read at every launch): off for prefill, on for bf16 decode (not yet timed there).
-  // (The first order's bf16 producer has the group fill too: bf16 decode at d 576 with two
-  // m-blocks, and prefill with OPENMLA_SPARSE_STAGGER=0 there.)
-  const bool bf16_async = !p.by_token && p.cache[0].async_copy &&
-                          (p.topk[1] == 0 || p.cache[1].async_copy);
-  p.group_fill = bf16_async && (prefill ? !env_is("OPENMLA_SPARSE_GROUPS", "0")
-                                        : env_is("OPENMLA_SPARSE_GROUPS", "1"));
+  kshape.format = one_codec ? fill_format(p.cache[0].codec) : core::SparseFillFormat::kNone;
+  kshape.bf16_async = p.cache[0].async_copy && (p.topk[1] == 0 || p.cache[1].async_copy);
+  const core::SparseKernelPlan form = core::plan_sparse_kernel(kshape, env_switches());
+  p.fill_codec = form.fill_for_format ? p.cache[0].codec : -1;
+  p.pair = form.pair;
+  p.stream = form.stream;
+  p.fp4_swap = form.fp4_swap;
+  p.seesaw = form.seesaw;
+  p.stagger = form.stagger;
+  p.quarters = form.quarters;
+  p.l2_hint = form.l2_hint;
+  p.group_fill = form.group_fill;
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;
     const cudaError_t err =

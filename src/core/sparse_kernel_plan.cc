@@ -1,0 +1,52 @@
+#include "core/sparse_kernel_plan.h"
+
+namespace openmla::core {
+
+SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
+                                    const SparseKernelSwitches& sw) {
+  SparseKernelPlan plan;
+  const bool quantised = shape.by_token;
+  plan.fill_for_format =
+      quantised && shape.format != SparseFillFormat::kNone && !sw.generic_fill;
+  // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
+  // the dense mode's packed rows), a fill built for one format only.
+  plan.pair = plan.fill_for_format && shape.m_blocks % 2 == 0 && sw.pair != 0;
+
+  // The streamed token fill where it measured faster (H100, 16a8ddb, same run): fp8_model1 and
+  // fp8_mx always (sparse 1.04-1.07x, dense mode 1.07-1.24x), fp8_v32 in CTA pairs and the dense
+  // mode (1.01x, 1.05-1.13x); fp8_v32's unpaired sparse grids and fp4 round by round.
+  if (plan.fill_for_format) {
+    switch (shape.format) {
+      case SparseFillFormat::kFP8_Model1:
+      case SparseFillFormat::kFP8_MX:
+        plan.stream = 1;
+        break;
+      case SparseFillFormat::kFP8_V32:
+        plan.stream = shape.dense_mode || plan.pair ? 1 : 0;
+        break;
+      default:
+        plan.stream = 0;
+    }
+    if (sw.stream >= 0 && sw.stream <= 2) plan.stream = sw.stream;
+  }
+  plan.fp4_swap = sw.fp4_swap == 1;
+
+  // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill
+  // 1.10-1.15x at d 512, 1.04-1.06x at d 576 with one m-block; at d 576 with two it was
+  // 0.97-1.01x on prefill and 0.87x on bf16 decode, which keep the first order), and for prefill
+  // its staggered form (1.04-1.10x; ef2b6f2), at d 576 with quarter-stage barriers.
+  const bool prefill_stagger = shape.prefill && sw.stagger != 0;
+  const bool l2_hint = sw.l2_hint == 1;
+  const bool quarters = sw.quarters == 1 || (prefill_stagger && shape.d_qk == 576 && sw.quarters != 0);
+  const bool stagger = sw.stagger == 1 || l2_hint || quarters || prefill_stagger;
+  plan.seesaw = !quantised && !shape.dense_mode && shape.bf16_async &&
+                (shape.d_qk == 512 || shape.m_blocks == 1 || stagger) && sw.seesaw != 0;
+  plan.stagger = plan.seesaw && stagger;
+  plan.l2_hint = plan.stagger && l2_hint;
+  plan.quarters = plan.stagger && quarters;
+  // bf16 rows by 8-lane groups: prefill's default (1.09-1.24x), on bf16 decode by the switch.
+  plan.group_fill = !quantised && shape.bf16_async && (shape.prefill ? sw.groups != 0 : sw.groups == 1);
+  return plan;
+}
+
+}  // namespace openmla::core

@@ -1,0 +1,55 @@
+// Which form of the SM90 sparse kernel a launch runs (sparse decode, sparse prefill, dense decode
+// over a KVCache): the producer's fill, the compute warpgroups' order and their switches, chosen
+// on the host from the grid's shape and caches, with the environment's A/B switches
+// (docs/benchmarking.md) as overrides. src/cuda/sm90/sparse_decode/launch.cu reads the
+// environment and applies the plan; CPU tests pin the defaults here, each of which was measured
+// faster than the alternatives on an H100 (the NOTES.md of sparse_decode and sparse_prefill).
+#pragma once
+
+namespace openmla::core {
+
+// The token fill's quantised formats (the kernel builds its fill once per format).
+enum class SparseFillFormat { kNone, kFP8_V32, kFP8_Model1, kFP8_MX, kFP4 };
+
+struct SparseKernelShape {
+  bool prefill = false;     // sparse prefill's bf16 kv (one query token a problem)
+  bool dense_mode = false;  // keys through a block table (dense decode over a KVCache)
+  int d_qk = 576;
+  int m_blocks = 1;         // 64-row blocks a problem
+  // Every cache the grid reads is quantised with parts aligned for the token fill; `format` is
+  // their one format (kNone when the main and extra caches differ).
+  bool by_token = false;
+  SparseFillFormat format = SparseFillFormat::kNone;
+  // Every cache the grid reads is bf16 with 16-byte rows (keys by cp.async).
+  bool bf16_async = false;
+};
+
+// An environment switch: unset, or forced off / on (or to a form, for `stream`).
+struct SparseKernelSwitches {
+  int stagger = -1;   // OPENMLA_SPARSE_STAGGER
+  int quarters = -1;  // OPENMLA_SPARSE_QUARTERS
+  int l2_hint = -1;   // OPENMLA_SPARSE_L2HINT
+  int seesaw = -1;    // OPENMLA_SPARSE_SEESAW
+  int groups = -1;    // OPENMLA_SPARSE_GROUPS
+  int stream = -1;    // OPENMLA_SPARSE_STREAM (0, 1, 2)
+  int pair = -1;      // OPENMLA_SPARSE_PAIR
+  int fp4_swap = -1;  // OPENMLA_SPARSE_FP4_SWAP
+  bool generic_fill = false;  // OPENMLA_SPARSE_FILL=generic
+};
+
+struct SparseKernelPlan {
+  bool fill_for_format = false;  // the token fill built for `format` (else it reads the format)
+  bool pair = false;             // a 2-CTA cluster decodes each tile once
+  int stream = 0;                // the token fill's rounds: 0 one by one, 1/2 streamed
+  bool fp4_swap = false;         // fp4's stores in the conflict-free order
+  bool seesaw = false;           // compute warpgroups in the seesaw order
+  bool stagger = false;          // ... with staggered maxima
+  bool quarters = false;         // ... with a barrier pair a quarter-stage
+  bool l2_hint = false;          // ... with evict-last, 256 B L2 prefetch copies
+  bool group_fill = false;       // bf16 rows by 8-lane groups
+};
+
+SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
+                                    const SparseKernelSwitches& switches);
+
+}  // namespace openmla::core

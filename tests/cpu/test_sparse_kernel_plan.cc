@@ -1,0 +1,131 @@
+// The sparse kernel's form (core/sparse_kernel_plan.h): the defaults each shape gets, as measured
+// and recorded in the kernels' NOTES.md, and every environment switch overriding them.
+#include <gtest/gtest.h>
+
+#include "core/sparse_kernel_plan.h"
+
+namespace openmla::core {
+namespace {
+
+SparseKernelShape quantised(SparseFillFormat f, int d_qk, int m_blocks, bool dense = false) {
+  SparseKernelShape s;
+  s.d_qk = d_qk;
+  s.m_blocks = m_blocks;
+  s.dense_mode = dense;
+  s.by_token = true;
+  s.format = f;
+  return s;
+}
+SparseKernelShape bf16(int d_qk, int m_blocks, bool prefill) {
+  SparseKernelShape s;
+  s.d_qk = d_qk;
+  s.m_blocks = m_blocks;
+  s.prefill = prefill;
+  s.bf16_async = true;
+  return s;
+}
+
+TEST(SparseKernelPlan, PrefillRunsTheStaggerTheQuartersAtD576AndTheGroupFill) {
+  for (int m : {1, 2}) {
+    const SparseKernelPlan d512 = plan_sparse_kernel(bf16(512, m, true), {});
+    EXPECT_TRUE(d512.seesaw && d512.stagger && d512.group_fill);
+    EXPECT_FALSE(d512.quarters || d512.l2_hint || d512.pair);
+    const SparseKernelPlan d576 = plan_sparse_kernel(bf16(576, m, true), {});
+    EXPECT_TRUE(d576.seesaw && d576.stagger && d576.quarters && d576.group_fill);
+    EXPECT_FALSE(d576.l2_hint);
+  }
+}
+
+TEST(SparseKernelPlan, Bf16DecodeKeepsThePlainOrders) {
+  const SparseKernelPlan d512 = plan_sparse_kernel(bf16(512, 2, false), {});
+  EXPECT_TRUE(d512.seesaw);
+  EXPECT_FALSE(d512.stagger || d512.quarters || d512.group_fill);
+  const SparseKernelPlan d576_h64 = plan_sparse_kernel(bf16(576, 1, false), {});
+  EXPECT_TRUE(d576_h64.seesaw);
+  EXPECT_FALSE(d576_h64.stagger);
+  // d 576 with two m-blocks: the first order (the seesaw measured 0.87x there).
+  EXPECT_FALSE(plan_sparse_kernel(bf16(576, 2, false), {}).seesaw);
+  // The dense mode never runs the seesaw.
+  SparseKernelShape dense = bf16(512, 1, false);
+  dense.dense_mode = true;
+  EXPECT_FALSE(plan_sparse_kernel(dense, {}).seesaw);
+}
+
+TEST(SparseKernelPlan, TheTokenFillStreamsWhereItMeasuredFaster) {
+  using F = SparseFillFormat;
+  // Sparse mode: fp8_v32 unpaired round by round, paired streamed; fp8_model1 / fp8_mx
+  // streamed; fp4 round by round.
+  EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1), {}).stream, 0);
+  const SparseKernelPlan v32_pair = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), {});
+  EXPECT_TRUE(v32_pair.pair);
+  EXPECT_EQ(v32_pair.stream, 1);
+  for (int m : {1, 2}) {
+    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_Model1, 512, m), {}).stream, 1);
+    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_MX, 512, m), {}).stream, 1);
+    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, m), {}).stream, 0);
+  }
+  // Dense mode: every fp8 format streamed, fp4 not.
+  EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1, true), {}).stream, 1);
+  EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, 1, true), {}).stream, 0);
+  // Quantised grids never take the bf16 orders or fills.
+  const SparseKernelPlan q = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1), {});
+  EXPECT_FALSE(q.seesaw || q.group_fill || q.fp4_swap);
+  EXPECT_TRUE(q.fill_for_format);
+}
+
+TEST(SparseKernelPlan, CachesOfTwoFormatsReadTheFormatAtRunTime) {
+  SparseKernelShape s = quantised(SparseFillFormat::kNone, 512, 2);
+  const SparseKernelPlan p = plan_sparse_kernel(s, {});
+  EXPECT_FALSE(p.fill_for_format);
+  EXPECT_FALSE(p.pair);  // a pair needs the fill built for one format
+  EXPECT_EQ(p.stream, 0);
+}
+
+TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
+  using F = SparseFillFormat;
+  SparseKernelSwitches sw;
+  sw.stagger = 0;  // prefill's earlier orders
+  const SparseKernelPlan plain = plan_sparse_kernel(bf16(576, 2, true), sw);
+  EXPECT_FALSE(plain.seesaw || plain.stagger || plain.quarters);
+  EXPECT_TRUE(plan_sparse_kernel(bf16(512, 1, true), sw).seesaw);
+  sw = {};
+  sw.quarters = 0;  // the stagger at d 576 with half-stage barriers
+  const SparseKernelPlan halves = plan_sparse_kernel(bf16(576, 1, true), sw);
+  EXPECT_TRUE(halves.stagger);
+  EXPECT_FALSE(halves.quarters);
+  sw = {};
+  sw.quarters = 1;
+  EXPECT_TRUE(plan_sparse_kernel(bf16(512, 1, true), sw).quarters);
+  EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), sw).seesaw);  // decode too
+  sw = {};
+  sw.l2_hint = 1;
+  EXPECT_TRUE(plan_sparse_kernel(bf16(512, 1, false), sw).l2_hint);
+  sw = {};
+  sw.seesaw = 0;
+  EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, true), sw).seesaw);
+  sw = {};
+  sw.groups = 0;
+  EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, true), sw).group_fill);
+  sw.groups = 1;
+  EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), sw).group_fill);
+  for (int form : {0, 1, 2}) {
+    sw = {};
+    sw.stream = form;
+    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, 1), sw).stream, form);
+    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_Model1, 512, 2), sw).stream, form);
+  }
+  sw = {};
+  sw.pair = 0;
+  EXPECT_FALSE(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), sw).pair);
+  sw = {};
+  sw.fp4_swap = 1;
+  EXPECT_TRUE(plan_sparse_kernel(quantised(F::kFP4, 512, 1), sw).fp4_swap);
+  sw = {};
+  sw.generic_fill = true;
+  const SparseKernelPlan generic = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), sw);
+  EXPECT_FALSE(generic.fill_for_format || generic.pair);
+  EXPECT_EQ(generic.stream, 0);
+}
+
+}  // namespace
+}  // namespace openmla::core
