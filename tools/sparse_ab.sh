@@ -10,18 +10,17 @@
 #                                  (carry [".deps", ".peers", ".pydeps"]; from the repository root;
 #                                  one device call: the machine is released 30 s after a call)
 #
-# Settings (environment; defaults in brackets):
-#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_STAGGER=1
-#                OPENMLA_SPARSE_L2HINT=1 (the stagger with the L2 hint) OPENMLA_SPARSE_QUARTERS=1
-#                (the stagger with quarter-stage barriers)]
-#   DECODE_AB    --ab settings of decode's small-batch rows [OPENMLA_SPARSE_TILES_PER_SPLIT=2
-#                OPENMLA_SPARSE_TILES_PER_SPLIT=4 OPENMLA_SPARSE_TILES_PER_SPLIT=8
-#                OPENMLA_SPARSE_TILES_PER_SPLIT=16]: the time against split length maps the
-#                small-batch plan (the default plan walks 1-2 tiles a split there)
-#   DECODE_ROWS  --rows of the decode A/B [small-batch]: all, compared or small-batch
+# Settings (environment; defaults in brackets: the A/Bs waiting for a device, 2026-12-06):
+#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_QUARTERS=1 (d 512 with the
+#                group fill) OPENMLA_SPARSE_QUARTERS=0 (d 576 with half-stage barriers)
+#                OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_GROUPS=0 (the group fill's gain again)]
+#   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
+#   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_STREAM=2 (fp8_v32 unpaired)
+#                OPENMLA_SPARSE_GROUPS=1 (bf16 decode) OPENMLA_SPARSE_FP4_SWAP=1 (fp4)]
 #   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
 #                --kv-formats)
-#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [none]
+#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_FP4_SWAP=1
+#                OPENMLA_SPARSE_STREAM=2]
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,6 +52,9 @@ if [[ -f "$OUT/summary.txt" ]]; then
   grep -q "^gpu_tests_stagger *FAIL" "$OUT/summary.txt" && failed_switches+=" STAGGER L2HINT QUARTERS"
   grep -q "^gpu_tests_quarters *FAIL" "$OUT/summary.txt" && failed_switches+=" QUARTERS"
   grep -q "^gpu_tests_l2hint *FAIL" "$OUT/summary.txt" && failed_switches+=" L2HINT"
+  grep -q "^gpu_tests_stream2 *FAIL" "$OUT/summary.txt" && failed_switches+=" STREAM"
+  grep -q "^gpu_tests_groups *FAIL" "$OUT/summary.txt" && failed_switches+=" GROUPS"
+  grep -q "^gpu_tests_fp4_swap *FAIL" "$OUT/summary.txt" && failed_switches+=" FP4_SWAP"
 fi
 ab_args() {
   local a f
@@ -63,21 +65,21 @@ ab_args() {
 }
 [[ -n "$failed_switches" ]] && echo "left out (their GPU tests failed):$failed_switches" | tee "$OUT/ab_prefill.txt"
 
-read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_STAGGER=1 OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_QUARTERS=1}")"
+read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_QUARTERS=1 OPENMLA_SPARSE_QUARTERS=0 OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_GROUPS=0}")"
 lim=$(left); [[ $lim -gt 240 ]] && lim=240
 timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
   >>"$OUT/ab_prefill.txt" 2>&1
 echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
 
 if [[ $(left) -gt 120 ]]; then
-  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_TILES_PER_SPLIT=2 OPENMLA_SPARSE_TILES_PER_SPLIT=4 OPENMLA_SPARSE_TILES_PER_SPLIT=8 OPENMLA_SPARSE_TILES_PER_SPLIT=16}")"
-  timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-small-batch}" --rounds "${ROUNDS:-10}" \
+  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_STREAM=2 OPENMLA_SPARSE_GROUPS=1 OPENMLA_SPARSE_FP4_SWAP=1}")"
+  timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-all}" --rounds "${ROUNDS:-10}" \
     "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
 fi
 
 if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
-  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-}")"
+  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_FP4_SWAP=1 OPENMLA_SPARSE_STREAM=2}")"
   timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
     --rounds "${ROUNDS:-10}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
   echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"
