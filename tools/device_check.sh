@@ -240,8 +240,9 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests stagger OPENMLA_SPARSE_STAGGER=1 'Sparse*'
   switch_tests l2hint OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'
   switch_tests quarters OPENMLA_SPARSE_QUARTERS=1 'Sparse*'
-  # The token fill streams its rounds by default for every fp8 format (=1, or =2 for fp8_v32's
-  # unpaired sparse grids), fp4 not: each form everywhere, and the round-by-round fill (=0).
+  # The token fill streams its rounds by default for fp8_model1, fp8_mx and fp8_v32 in CTA pairs
+  # or the dense mode (core/sparse_kernel_plan.cc): each form everywhere (=1, =2), and the
+  # round-by-round fill (=0).
   switch_tests stream OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
   switch_tests stream2 OPENMLA_SPARSE_STREAM=2 'Sparse*:DenseDecodeKVCache*'
   switch_tests stream_off OPENMLA_SPARSE_STREAM=0 'Sparse*:DenseDecodeKVCache*'
@@ -264,29 +265,29 @@ else
   elif ! built "$GPU_TESTS"; then
     record sanitizer FAIL 0 "openmla_gpu_tests not built"
   else
-    run_step "$LOG" "${SANITIZER_TIMEOUT:-300}" "$SANITIZER_BIN" --tool memcheck \
-      --error-exitcode 99 --print-limit 50 "$GPU_TESTS" --gtest_color=no \
-      --gtest_filter="$SANITIZER_FILTER"
-    errors="$(grep -m1 -E 'ERROR SUMMARY' "$LOG" | sed 's/^========= //')"
-    if [[ $STEP_RC -eq 0 ]]; then
-      record sanitizer PASS "$STEP_SECONDS" "filter '$SANITIZER_FILTER'; $errors"
-    else
-      record sanitizer FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); filter '$SANITIZER_FILTER'; $errors"
-    fi
-    # SANITIZER_ENV="VAR=V ...": the same memcheck again with a switch set (appended to the log).
-    if [[ -n "${SANITIZER_ENV:-}" ]]; then
-      echo "=== $SANITIZER_ENV" >>"$LOG"
-      read -r -a san_env <<<"$SANITIZER_ENV"
-      run_step "$LOG" "${SANITIZER_TIMEOUT:-300}" env "${san_env[@]}" "$SANITIZER_BIN" --tool memcheck \
+    # memcheck STEP NOTE [VAR=V ...]: the small cases under memcheck with those settings; its
+    # lines of the log start at a "=== NOTE" line.
+    memcheck() {
+      local step="$1" note="$2"
+      shift 2
+      echo "=== $note" >>"$LOG"
+      run_step "$LOG" "${SANITIZER_TIMEOUT:-300}" env "$@" "$SANITIZER_BIN" --tool memcheck \
         --error-exitcode 99 --print-limit 50 "$GPU_TESTS" --gtest_color=no \
         --gtest_filter="$SANITIZER_FILTER"
-      errors="$(tail -n +"$(grep -n "^=== $SANITIZER_ENV\$" "$LOG" | tail -n 1 | cut -d: -f1)" "$LOG" |
+      local errors
+      errors="$(tail -n +"$(grep -n -F -x "=== $note" "$LOG" | tail -n 1 | cut -d: -f1)" "$LOG" |
         grep -m1 -E 'ERROR SUMMARY' | sed 's/^========= //')"
       if [[ $STEP_RC -eq 0 ]]; then
-        record sanitizer_env PASS "$STEP_SECONDS" "$SANITIZER_ENV; $errors"
+        record "$step" PASS "$STEP_SECONDS" "$note; $errors"
       else
-        record sanitizer_env FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); $SANITIZER_ENV; $errors"
+        record "$step" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC); $note; $errors"
       fi
+    }
+    memcheck sanitizer "filter '$SANITIZER_FILTER'"
+    # SANITIZER_ENV="VAR=V ...": the same memcheck again with a switch set.
+    if [[ -n "${SANITIZER_ENV:-}" ]]; then
+      read -r -a san_env <<<"$SANITIZER_ENV"
+      memcheck sanitizer_env "$SANITIZER_ENV" "${san_env[@]}"
     fi
   fi
 fi

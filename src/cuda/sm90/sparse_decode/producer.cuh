@@ -598,6 +598,53 @@ constexpr int pair_data_pieces() {
   return kCodec == static_cast<int>(Codec::kFP8_Model1) ? 7 : 8;
 }
 
+// A token-fill round's key mask into the stage's word: key j's bit is lane 4 j's, gathered into
+// bits 0 .. 7.
+__device__ __forceinline__ void store_round_mask(bool ok, int lane, uint32_t* word) {
+  uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
+  mask = (mask | (mask >> 3)) & 0x03030303u;
+  mask = (mask | (mask >> 6)) & 0x000F000Fu;
+  mask = (mask | (mask >> 12)) & 0xFFu;
+  if (lane == 0) *word = mask;
+}
+
+// A token-fill stage handed to the compute warpgroups once a warp has stored its rounds: the
+// generic stores made visible to wgmma, (kPair) the CTA's round sent to the peer, and the full
+// barrier arrived on once the warp's RoPE copies land.
+template <class Traits, bool kPair, int kCodec>
+__device__ __forceinline__ void hand_over_token_stage(typename Traits::SharedStorage& smem,
+                                                      int stage, const StageDst& dst, int warp,
+                                                      int lane, int rank) {
+  constexpr int D = Traits::kHeadDimQK;
+  fence_async_smem();  // the generic stores before wgmma's (and the bulk copies') reads
+  if constexpr (kPair) {
+    // The round's rows into the peer's stage once all four warps have stored theirs: a piece's
+    // rows 32 rank .. 32 rank + 31 are 4 KB contiguous, the round's mask words 16 B.
+    attention::bar_sync(kBarFill, 128);
+    if (warp == 0 && lane == 0) {
+      const uint32_t off = 32 * rank * 128, src = smem_u32(dst.local) + off;
+#pragma unroll 1
+      for (int e = 0; e < pair_data_pieces<D, kCodec>(); ++e) {
+        bulk_to_peer(dst.peer + off + e * 8192, src + e * 8192, 4096, dst.peer_bar);
+      }
+      const uint32_t mask_words = smem_u32(&smem.valid[stage][4 * rank]);
+      bulk_to_peer(peer_addr(mask_words, rank ^ 1), mask_words, 16, dst.peer_bar);
+    }
+  }
+  cp_async_track(smem.full[stage]);  // and the RoPE copies land before the stage is full
+  __syncwarp();
+  if (lane == 0) {
+    if constexpr (kPair) {
+      // The peer's bulk copies of its round (its 32 keys' decoded pieces and 4 mask words)
+      // complete on this barrier too: each warp expects a quarter of their bytes.
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+          &smem.full[stage], 8 * 128 * pair_data_pieces<D, kCodec>() + 4);
+    } else {
+      cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
+    }
+  }
+}
+
 // kPair (pair.cuh): this CTA decodes only round `rank` of each tile (32 keys) and stores it into
 // both CTAs' stages; the RoPE copies (cp.async, local only) still cover both rounds.
 template <class Traits, bool kPair, int kCodec, bool kFp4Swap = false>
@@ -666,40 +713,9 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
       }
       copy_rope_async<D, kCodec>(c, slot, ok, q, dst.local, row0 + 32 * r);
       store_token<D, kCodec, false, kFp4Swap>(c, t, q, dst, row0 + 32 * r);
-      // Key j's bit is lane 4 j's: gathered into bits 0 .. 7.
-      uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
-      mask = (mask | (mask >> 3)) & 0x03030303u;
-      mask = (mask | (mask >> 6)) & 0x000F000Fu;
-      mask = (mask | (mask >> 12)) & 0xFFu;
-      if (lane == 0) smem.valid[stage][4 * r + warp] = mask;
+      store_round_mask(ok, lane, &smem.valid[stage][4 * r + warp]);
     }
-    fence_async_smem();  // the generic stores before wgmma's (and the bulk copies') reads
-    if constexpr (kPair) {
-      // The round's rows into the peer's stage once all four warps have stored theirs: a piece's
-      // rows 32 rank .. 32 rank + 31 are 4 KB contiguous, the round's mask words 16 B.
-      attention::bar_sync(kBarFill, 128);
-      if (warp == 0 && lane == 0) {
-        const uint32_t off = 32 * rank * 128, src = smem_u32(dst.local) + off;
-#pragma unroll 1
-        for (int e = 0; e < pair_data_pieces<D, kCodec>(); ++e) {
-          bulk_to_peer(dst.peer + off + e * 8192, src + e * 8192, 4096, dst.peer_bar);
-        }
-        const uint32_t mask_words = smem_u32(&smem.valid[stage][4 * rank]);
-        bulk_to_peer(peer_addr(mask_words, rank ^ 1), mask_words, 16, dst.peer_bar);
-      }
-    }
-    cp_async_track(smem.full[stage]);  // and the RoPE copies land before the stage is full
-    __syncwarp();
-    if (lane == 0) {
-      if constexpr (kPair) {
-        // The peer's bulk copies of its round (its 32 keys' decoded pieces and 4 mask words)
-        // complete on this barrier too: each warp expects a quarter of their bytes.
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-            &smem.full[stage], 8 * 128 * pair_data_pieces<D, kCodec>() + 4);
-      } else {
-        cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
-      }
-    }
+    hand_over_token_stage<Traits, kPair, kCodec>(smem, stage, dst, warp, lane, rank);
     slot0 = next0;
     slot1 = next1;
     next0 = after0;
@@ -936,36 +952,9 @@ __device__ __forceinline__ void produce_by_token_stream(const SparseDecodeParams
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[i] = ns[i];
-      // Key j's bit is lane 4 j's: gathered into bits 0 .. 7.
-      uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
-      mask = (mask | (mask >> 3)) & 0x03030303u;
-      mask = (mask | (mask >> 6)) & 0x000F000Fu;
-      mask = (mask | (mask >> 12)) & 0xFFu;
-      if (lane == 0) smem.valid[stage][4 * r + warp] = mask;
+      store_round_mask(ok, lane, &smem.valid[stage][4 * r + warp]);
     }
-    fence_async_smem();  // the generic stores before wgmma's (and the bulk copies') reads
-    if constexpr (kPair) {
-      attention::bar_sync(kBarFill, 128);
-      if (warp == 0 && lane == 0) {
-        const uint32_t off = 32 * rank * 128, src = smem_u32(dst.local) + off;
-#pragma unroll 1
-        for (int e = 0; e < pair_data_pieces<D, kCodec>(); ++e) {
-          bulk_to_peer(dst.peer + off + e * 8192, src + e * 8192, 4096, dst.peer_bar);
-        }
-        const uint32_t mask_words = smem_u32(&smem.valid[stage][4 * rank]);
-        bulk_to_peer(peer_addr(mask_words, rank ^ 1), mask_words, 16, dst.peer_bar);
-      }
-    }
-    cp_async_track(smem.full[stage]);  // and the RoPE copies land before the stage is full
-    __syncwarp();
-    if (lane == 0) {
-      if constexpr (kPair) {
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-            &smem.full[stage], 8 * 128 * pair_data_pieces<D, kCodec>() + 4);
-      } else {
-        cutlass::arch::ClusterBarrier::arrive(&smem.full[stage]);
-      }
-    }
+    hand_over_token_stage<Traits, kPair, kCodec>(smem, stage, dst, warp, lane, rank);
     slot0 = next0;
     slot1 = next1;
     next0 = after0;
