@@ -343,12 +343,22 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
 
 // cp.async of `bytes` (16 or 4) from global to shared memory; zeros where `valid` is false (no
 // byte is read then: src-size 0).
+// 16 bytes to a shared-window address (so constant offsets fold into the instruction).
+__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async16_u32_l2(uint32_t dst, const void* src, bool valid,
+                                                  uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(dst),
+               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
 template <int kBytes>
 __device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
-                 "r"(valid ? 16 : 0) : "memory");
+    cp_async16_u32(d, src, valid);
   } else {
     static_assert(kBytes == 4);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src),
@@ -358,10 +368,7 @@ __device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid)
 // The same, 16 bytes, with an L2 cache policy (createpolicy) and a 256 B L2 prefetch.
 __device__ __forceinline__ void cp_async_l2(char* dst, const void* src, bool valid,
                                             uint64_t policy) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(d),
-               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
+  cp_async16_u32_l2(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid, policy);
 }
 // A 64-bit warp shuffle as volatile asm: it stays after the barrier wait before it (ptxas moves
 // plain shuffles above the wait, holding every fill's addresses across it: spills at the
@@ -373,17 +380,6 @@ __device__ __forceinline__ uint64_t shfl_after_wait(uint64_t v, int src_lane) {
                : "+r"(lo), "+r"(hi)
                : "r"(src_lane));
   return (static_cast<uint64_t>(hi) << 32) | lo;
-}
-// 16 bytes to a shared-window address (so constant offsets fold into the instruction).
-__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async16_u32_l2(uint32_t dst, const void* src, bool valid,
-                                                  uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(dst),
-               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
 }
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {
   uint64_t policy;
