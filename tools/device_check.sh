@@ -181,11 +181,11 @@ built() {
 }
 
 # --- tests -----------------------------------------------------------------------------------
-run_tests() {  # run_tests STEP BINARY LOGFILE [ENV=VALUE GTEST_FILTER: appended to LOGFILE]
+run_tests() {  # run_tests STEP BINARY LOGFILE ["ENV=VALUE ..." GTEST_FILTER: appended to LOGFILE]
   local step="$1" bin="$2" log="$3"
   local -a env_args=() filter_args=("${GTEST_FILTER_ARG[@]}")
   if [[ $# -ge 5 ]]; then
-    env_args=("$4")
+    read -r -a env_args <<<"$4"
     filter_args=(--gtest_filter="$5")
     echo "=== $4" >>"$log"
   else
@@ -199,7 +199,7 @@ run_tests() {  # run_tests STEP BINARY LOGFILE [ENV=VALUE GTEST_FILTER: appended
   run_step "$log" "${TEST_TIMEOUT:-240}" env "${env_args[@]}" "$bin" --gtest_color=no "${filter_args[@]}"
   local summary
   local from=1  # an appended run: its own lines only
-  [[ ${#env_args[@]} -gt 0 ]] && from="$(grep -n "^=== ${env_args[0]}\$" "$log" | tail -n 1 | cut -d: -f1)"
+  [[ ${#env_args[@]} -gt 0 ]] && from="$(grep -n -F -x "=== $4" "$log" | tail -n 1 | cut -d: -f1)"
   summary="$(tail -n +"${from:-1}" "$log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' | head -n 3 | tr '\n' ' ')"
   if [[ $STEP_RC -eq 0 ]]; then
     record "$step" PASS "$STEP_SECONDS" "$summary"
@@ -251,6 +251,10 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   # The group fill of bf16 rows: prefill's default; on bf16 decode too (=1), and off (=0).
   switch_tests groups OPENMLA_SPARSE_GROUPS=1 'Sparse*'
   switch_tests no_groups OPENMLA_SPARSE_GROUPS=0 'SparsePrefill*'
+  # The ring fill's kernel (quantised keys of one format, unpaired; off by default until
+  # measured): every sparse and dense-mode test, and with the pairs off (h_q 128 on it too).
+  switch_tests ring OPENMLA_SPARSE_RING=1 'Sparse*:DenseDecodeKVCache*'
+  switch_tests ring_unpaired 'OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' 'Sparse*:DenseDecodeKVCache*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

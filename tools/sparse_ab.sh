@@ -15,12 +15,14 @@
 #                group fill) OPENMLA_SPARSE_QUARTERS=0 (d 576 with half-stage barriers)
 #                OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_GROUPS=0 (the group fill's gain again)]
 #   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
-#   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_STREAM=2 (fp8_v32 unpaired)
-#                OPENMLA_SPARSE_GROUPS=1 (bf16 decode) OPENMLA_SPARSE_FP4_SWAP=1 (fp4)]
+#   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_RING=1 (unpaired grids) and
+#                with OPENMLA_SPARSE_PAIR=0 (h_q 128 too), OPENMLA_SPARSE_STREAM=2 (fp8_v32
+#                unpaired) OPENMLA_SPARSE_GROUPS=1 (bf16 decode) OPENMLA_SPARSE_FP4_SWAP=1 (fp4)]
+#   PREFILL=0    skips the prefill rows
 #   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
 #                --kv-formats)
-#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_FP4_SWAP=1
-#                OPENMLA_SPARSE_STREAM=2]
+#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_RING=1,
+#                and with OPENMLA_SPARSE_PAIR=0, OPENMLA_SPARSE_FP4_SWAP=1]
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,6 +57,7 @@ if [[ -f "$OUT/summary.txt" ]]; then
   grep -q "^gpu_tests_stream2 *FAIL" "$OUT/summary.txt" && failed_switches+=" STREAM"
   grep -q "^gpu_tests_groups *FAIL" "$OUT/summary.txt" && failed_switches+=" GROUPS"
   grep -q "^gpu_tests_fp4_swap *FAIL" "$OUT/summary.txt" && failed_switches+=" FP4_SWAP"
+  grep -q "^gpu_tests_ring *FAIL" "$OUT/summary.txt" && failed_switches+=" RING"
 fi
 ab_args() {
   local a f
@@ -65,21 +68,23 @@ ab_args() {
 }
 [[ -n "$failed_switches" ]] && echo "left out (their GPU tests failed):$failed_switches" | tee "$OUT/ab_prefill.txt"
 
-read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_QUARTERS=1 OPENMLA_SPARSE_QUARTERS=0 OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_GROUPS=0}")"
-lim=$(left); [[ $lim -gt 240 ]] && lim=240
-timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
-  >>"$OUT/ab_prefill.txt" 2>&1
-echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
+if [[ "${PREFILL:-1}" != 0 ]]; then
+  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_QUARTERS=1 OPENMLA_SPARSE_QUARTERS=0 OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_GROUPS=0}")"
+  lim=$(left); [[ $lim -gt 240 ]] && lim=240
+  timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
+    >>"$OUT/ab_prefill.txt" 2>&1
+  echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
+fi
 
 if [[ $(left) -gt 120 ]]; then
-  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_STREAM=2 OPENMLA_SPARSE_GROUPS=1 OPENMLA_SPARSE_FP4_SWAP=1}")"
+  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=0 OPENMLA_SPARSE_STREAM=2 OPENMLA_SPARSE_GROUPS=1 OPENMLA_SPARSE_FP4_SWAP=1}")"
   timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-all}" --rounds "${ROUNDS:-10}" \
     "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
 fi
 
 if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
-  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_FP4_SWAP=1 OPENMLA_SPARSE_STREAM=2}")"
+  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=0 OPENMLA_SPARSE_FP4_SWAP=1}")"
   timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
     --rounds "${ROUNDS:-10}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
   echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"

@@ -30,6 +30,10 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
     if (sw.stream >= 0 && sw.stream <= 2) plan.stream = sw.stream;
   }
   plan.fp4_swap = sw.fp4_swap == 1;
+  // The ring fill (a fill built for one format, unpaired): by the switch until it has run on a
+  // GPU (sparse_decode/NOTES.md).
+  plan.ring = plan.fill_for_format && !plan.pair && sw.ring == 1;
+  if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill
   // 1.10-1.15x at d 512, 1.04-1.06x at d 576 with one m-block; at d 576 with two it was

@@ -122,9 +122,36 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   EXPECT_TRUE(plan_sparse_kernel(quantised(F::kFP4, 512, 1), sw).fp4_swap);
   sw = {};
   sw.generic_fill = true;
+  sw.ring = 1;  // (the ring needs the fill built for one format)
+  EXPECT_FALSE(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1), sw).ring);
   const SparseKernelPlan generic = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), sw);
   EXPECT_FALSE(generic.fill_for_format || generic.pair);
   EXPECT_EQ(generic.stream, 0);
+}
+
+TEST(SparseKernelPlan, TheRingFillRunsByItsSwitchOnUnpairedGridsOfOneFormat) {
+  using F = SparseFillFormat;
+  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
+    const int d = f == F::kFP8_V32 ? 576 : 512;
+    EXPECT_FALSE(plan_sparse_kernel(quantised(f, d, 1), {}).ring);  // off by default
+    SparseKernelSwitches sw;
+    sw.ring = 1;
+    for (bool dense : {false, true}) {
+      const SparseKernelPlan one = plan_sparse_kernel(quantised(f, d, 1, dense), sw);
+      EXPECT_TRUE(one.ring);
+      EXPECT_EQ(one.stream, 0);  // a register fill: not in the ring's kernel
+      // Two m-blocks run as a CTA pair unless the pair is switched off.
+      EXPECT_FALSE(plan_sparse_kernel(quantised(f, d, 2, dense), sw).ring);
+      sw.pair = 0;
+      EXPECT_TRUE(plan_sparse_kernel(quantised(f, d, 2, dense), sw).ring);
+      sw.pair = -1;
+    }
+  }
+  SparseKernelSwitches sw;
+  sw.ring = 1;
+  EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), sw).ring);  // two formats
+  EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), sw).ring);
+  EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), sw).ring);
 }
 
 }  // namespace

@@ -91,6 +91,25 @@ __device__ __forceinline__ void gemm_pv(Mma& mma, TP& tOrP, TV const& tOrV, TO& 
   warpgroup_commit_batch();
 }
 
+// O += P V as two wgmma groups, over a 64-key tile's keys 0-31 (k-blocks 0, 1) and 32-63 (2, 3),
+// so the first half's keys can be handed back while the second runs (sparse decode's ring fill:
+// warpgroup_wait<1> then means the first half is done).
+template <class Mma, class TP, class TV, class TO>
+__device__ __forceinline__ void gemm_pv_by_round(Mma& mma, TP& tOrP, TV const& tOrV, TO& tOrO) {
+  using namespace cute;
+  static_assert(decltype(size<2>(tOrP))::value == 4, "a 64-key tile in four k16 blocks");
+  warpgroup_fence_operand(tOrP);
+  warpgroup_fence_operand(tOrO);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::One;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int k = 2 * half; k < 2 * half + 2; ++k) gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+    warpgroup_commit_batch();
+  }
+}
+
 template <class TO, class TP>
 __device__ __forceinline__ void wait_pv(TO& tOrO, TP& tOrP) {
   cute::warpgroup_wait<0>();

@@ -201,6 +201,16 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   auto tOrV128 = mma_pv128.get_thread_slice(t).partition_fragment_B(
       make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
                   typename Traits::SmemLayoutV128{}));  // (MMA,1,4)
+  // The ring fill's S = Q K^T by round (traits.h kRing): a round's 64 x 32 block of S is the
+  // first (keys 0-31) or second half of the 64 x 64 accumulator's registers (its n8 blocks 0-3
+  // and 4-7), so the two rounds' wgmmas write into tSrS itself.
+  typename Traits::TiledMmaQKRound mma_qkr;
+  auto thr_qkr = mma_qkr.get_thread_slice(t);
+  Tensor tSrQr = thr_qkr.partition_fragment_A(sQ);
+  Tensor tSrKr = thr_qkr.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutKRound{}));
+  Tensor tSrSr = partition_fragment_C(mma_qkr, Shape<Int<64>, Int<32>>{});
+  static_assert(decltype(size(tSrSr))::value * 2 == decltype(size(tSrS))::value);
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<64>, Int<Traits::kVHalfDims>>{});
   Tensor O = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (2,128)
   Tensor cO = make_identity_tensor(Shape<Int<64>, Int<Traits::kVHalfDims>>{});
@@ -527,22 +537,48 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     bar_sync(kBarQ, 128);
     const float max_thr = 8.f / sl2;
     for (int kk = 0; kk < n_tiles; ++kk) {
-      const int stage = kk & 1;
-      wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
-      // S = Q K^T. The previous tile's PV (issued before it) completes first: its stage goes back
-      // to the producer while this QK^T still runs, so the next fill starts a QK^T earlier.
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      auto tSrK_s = at_offset(tSrK, stage * Traits::kStageBytes);
+      const int stage = Traits::kRing ? 0 : kk & 1;
+      if constexpr (Traits::kRing) {
+        // S = Q K^T round by round, each as soon as its keys are decoded; the previous tile's
+        // P V over round 1 (issued before) completes under round 0's and hands round 1 back.
 #pragma unroll
-      for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
-        mma_qk.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-        gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
-      }
-      warpgroup_commit_batch();
-      if (kk > 0) {
-        warpgroup_wait<1>();
-        release_stage(&smem.empty[stage ^ 1], lane, p.pair);
+        for (int r = 0; r < 2; ++r) {
+          Tensor S_r = make_tensor(tSrS.data() + r * size(tSrSr), tSrSr.layout());
+          wait_full(&smem.full[r], kk & 1, false);
+          warpgroup_fence_operand(S_r);
+          warpgroup_arrive();
+          // (Q's descriptors formed afresh each round: held across both, they spill WG0)
+          auto tSrQ_r = at_offset(tSrQr, 0);
+          auto tSrK_r = at_offset(tSrKr, r * 32 * 128);
+#pragma unroll
+          for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
+            mma_qkr.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+            gemm(mma_qkr, tSrQ_r(_, _, k), tSrK_r(_, _, k), S_r);
+          }
+          warpgroup_commit_batch();
+          if (r == 0 && kk > 0) {
+            warpgroup_wait<1>();
+            release_stage(&smem.empty[1], lane, false);
+          }
+        }
+      } else {
+        wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
+        // S = Q K^T. The previous tile's PV (issued before it) completes first: its stage goes
+        // back to the producer while this QK^T still runs, so the next fill starts a QK^T
+        // earlier.
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        auto tSrK_s = at_offset(tSrK, stage * Traits::kStageBytes);
+#pragma unroll
+        for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
+          mma_qk.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+          gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
+        }
+        warpgroup_commit_batch();
+        if (kk > 0) {
+          warpgroup_wait<1>();
+          release_stage(&smem.empty[stage ^ 1], lane, p.pair);
+        }
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
@@ -580,7 +616,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       smem.rescale[stage][t] = make_float2(factor[0], factor[1]);
       bar_arrive(stage == 0 ? kBarP0 : kBarP1, 256);
       rescale_rows_if(O, factor);
-      gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
+      if constexpr (Traits::kRing) {
+        gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
+        warpgroup_wait<1>();
+        release_stage(&smem.empty[0], lane, false);  // round 0's keys (round 1's: above)
+      } else {
+        gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
+      }
     }
     wait_pv(tOrO, tOrP);
 #pragma unroll
@@ -590,16 +632,29 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     }
   } else {
     for (int kk = 0; kk < n_tiles; ++kk) {
-      const int stage = kk & 1;
+      const int stage = Traits::kRing ? 0 : kk & 1;
       bar_sync(stage == 0 ? kBarP0 : kBarP1, 256);
-      wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
+      if constexpr (Traits::kRing) {
+        wait_full(&smem.full[0], kk & 1, false);
+        wait_full(&smem.full[1], kk & 1, false);
+      } else {
+        wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
+      }
       load_p(p_buffer<Traits>(smem, stage), tOrP, t);
       const float2 f = smem.rescale[stage][t];
       const float factor[2] = {f.x, f.y};
       rescale_rows_if(O, factor);
-      gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
-      wait_pv(tOrO, tOrP);
-      release_stage(&smem.empty[stage], lane, p.pair);
+      if constexpr (Traits::kRing) {  // each round's keys handed back as its P V completes
+        gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
+        warpgroup_wait<1>();
+        release_stage(&smem.empty[0], lane, false);
+        wait_pv(tOrO, tOrP);
+        release_stage(&smem.empty[1], lane, false);
+      } else {
+        gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
+        wait_pv(tOrO, tOrP);
+        release_stage(&smem.empty[stage], lane, p.pair);
+      }
     }
   }
   bar_sync(kBarEpi, 256);
@@ -740,6 +795,26 @@ __device__ __forceinline__ void produce_quantised(const SparseDecodeParams& p,
   if constexpr (!kPair) produce_by_token<Traits, false, -1>(p, smem, problem, split);
 }
 
+// The ring fill of the grid's one quantised format (launch.cu runs the ring kernel only with a
+// fill built for one format).
+template <class Traits>
+__device__ __forceinline__ void produce_ring(const SparseDecodeParams& p,
+                                            typename Traits::SharedStorage& smem, int problem,
+                                            int split) {
+  using namespace sparse_decode_detail;
+  using kvcodec::Codec;
+  constexpr int kV32 = static_cast<int>(Codec::kFP8_V32), kModel1 = static_cast<int>(Codec::kFP8_Model1);
+  constexpr int kMX = static_cast<int>(Codec::kFP8_MX), kFP4 = static_cast<int>(Codec::kFP4);
+  if constexpr (Traits::kHeadDimQK == 576) {
+    if (p.fill_codec == kV32) return produce_by_ring<Traits, kV32>(p, smem, problem, split);
+  } else {
+    if (p.fill_codec == kModel1) return produce_by_ring<Traits, kModel1>(p, smem, problem, split);
+    if (p.fill_codec == kMX) return produce_by_ring<Traits, kMX>(p, smem, problem, split);
+    if (p.fill_codec == kFP4) return produce_by_ring<Traits, kFP4>(p, smem, problem, split);
+  }
+  __trap();  // (never: the host checks the format) a clear error rather than a hang
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     sparse_decode_kernel(const __grid_constant__ SparseDecodeParams params) {
@@ -764,6 +839,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           cutlass::arch::ClusterBarrier::init(&smem.empty[Traits::kParts * s + part],
                                               part / kPerHalf == s ? 4 : 8);
         }
+      } else if constexpr (Traits::kRing) {
+        // per round of the one stage: the 4 producer warps; the 8 compute warps
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          cutlass::arch::ClusterBarrier::init(&smem.full[r], 4);
+          cutlass::arch::ClusterBarrier::init(&smem.empty[r], 8);
+        }
       } else {
         // lane 0 of the 4 producer warps and of the 8 compute warps (of both CTAs of a pair)
         cutlass::arch::ClusterBarrier::init(&smem.full[s], 4);  // (a pair's peer: bytes, pair.cuh)
@@ -782,7 +864,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 2) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if constexpr (Traits::kSeesaw) {
+    if constexpr (Traits::kRing) {
+      produce_ring<Traits>(params, smem, problem, split);
+    } else if constexpr (Traits::kSeesaw) {
       // The L2 hint only in the stagger's kernel: the measured kernels stay as they were.
       if constexpr (Traits::kStagger) {
         if (params.l2_hint) {
@@ -834,9 +918,24 @@ cudaError_t launch_sparse_decode_traits(const SparseDecodeParams& params, cudaSt
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
-// The seesaw order serves grids of bf16 keys by cp.async (params.seesaw, launch.cu).
+// The ring fill's kernel (params.ring; its own instantiations, instantiations/ring_*.cu).
+template <int kHeadDimQK, bool kDense>
+cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStream_t stream) {
+  return launch_sparse_decode_traits<
+      SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, true>>(params, stream);
+}
+
+// Compiled in instantiations/ring_*.cu only (a kernel per d_qk and mode, built in parallel).
+extern template cudaError_t launch_sparse_decode_ring<576, false>(const SparseDecodeParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_ring<576, true>(const SparseDecodeParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_ring<512, false>(const SparseDecodeParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_ring<512, true>(const SparseDecodeParams&, cudaStream_t);
+
+// The seesaw order serves grids of bf16 keys by cp.async (params.seesaw, launch.cu); the ring
+// fill, quantised keys of one format (params.ring).
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
+  if (params.ring) return launch_sparse_decode_ring<kHeadDimQK, kDense>(params, stream);
   if constexpr (!kDense) {
     if (params.seesaw && params.stagger && params.quarters) {
       return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true, true, true>>(

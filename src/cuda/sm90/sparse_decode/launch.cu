@@ -47,6 +47,7 @@ core::SparseKernelSwitches env_switches() {
   sw.stream = env_switch("OPENMLA_SPARSE_STREAM");
   sw.pair = env_switch("OPENMLA_SPARSE_PAIR");
   sw.fp4_swap = env_switch("OPENMLA_SPARSE_FP4_SWAP");
+  sw.ring = env_switch("OPENMLA_SPARSE_RING");
   sw.generic_fill = env_is("OPENMLA_SPARSE_FILL", "generic");
   return sw;
 }
@@ -284,6 +285,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.pair = form.pair;
   p.stream = form.stream;
   p.fp4_swap = form.fp4_swap;
+  p.ring = form.ring;
   p.seesaw = form.seesaw;
   p.stagger = form.stagger;
   p.quarters = form.quarters;

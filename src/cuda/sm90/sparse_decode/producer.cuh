@@ -959,6 +959,193 @@ __device__ __forceinline__ void produce_by_token_stream(const SparseDecodeParams
   asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
 }
 
+// --- the ring fill (OPENMLA_SPARSE_RING=1; NOTES.md "the ring fill") ---
+// The register fills hold at most a round's raw bytes (registers), so a round's DRAM round trip
+// is paid (or hidden under one round's decode) each round. Here the raw bytes go by cp.async
+// into a ring of rounds in shared memory (traits.h kRingBytes; no registers held per key in
+// flight), issued kRounds - 1 rounds ahead, and are decoded from there into the kernel's ONE bf16
+// stage, whose rounds (keys 0-31, 32-63) have full and empty barriers of their own, so the
+// compute warpgroups start a tile's S = Q K^T on its first round while the second is decoded
+// and hand a round back as soon as both P V halves over its keys are done (kernel.cuh).
+// Warp w owns keys 8 w .. 8 w + 7 of every round, in the ring and in the stage (the token fill's
+// lane mapping: lane l key 8 w + l / 4, quarter q = l % 4), so the ring needs only warp-level
+// synchronisation. A key's record: data at 0, scales at ring_scale_at, RoPE (bf16) at
+// ring_rope_at, stride ring_key_bytes (64 mod 128: a quarter-warp's 2 keys x 4 quarters read 8
+// different 16 B bank groups).
+template <int D, int kCodec>
+constexpr int ring_scale_at() {
+  return kCodec == static_cast<int>(Codec::kFP8_Model1) ? 448
+         : kCodec == static_cast<int>(Codec::kFP4)      ? 256
+                                                        : 512;
+}
+template <int D, int kCodec>
+constexpr bool ring_has_rope() {
+  return D == 576 || kCodec == static_cast<int>(Codec::kFP8_Model1);
+}
+template <int D, int kCodec>
+constexpr int ring_rope_at() {
+  return ring_scale_at<D, kCodec>() + 16;
+}
+template <int D, int kCodec>
+constexpr int ring_key_bytes() {
+  return ring_has_rope<D, kCodec>() ? 704 : kCodec == static_cast<int>(Codec::kFP4) ? 320 : 576;
+}
+template <class Traits, int kCodec>
+constexpr int ring_rounds() {
+  constexpr int n = Traits::kRingBytes / (Traits::kRingRoundKeys * ring_key_bytes<Traits::kHeadDimQK, kCodec>());
+  return n > 6 ? 6 : n;
+}
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+
+// A thread's part of one key's record into the ring (zeros for an invalid key: nothing read).
+template <int D, int kCodec>
+__device__ __forceinline__ void ring_issue_key(const SparseCacheParams& c, int slot, bool ok, int q,
+                                               uint32_t rec) {
+  constexpr int kChunks = stream_chunks<D, kCodec>();
+  const TokenPtr t = token_ptr(c, ok ? slot : 0, q);
+#pragma unroll
+  for (int e = 0; e < kChunks; ++e) cp_async16_u32(rec + 64 * e + 16 * q, t.d + 4 * e, ok);
+  constexpr int kAt = ring_scale_at<D, kCodec>();
+  if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {  // 8 B of e8m0
+    if (q == 0) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(rec + kAt),
+                   "l"(t.scale), "r"(ok ? 8 : 0) : "memory");
+    }
+  } else if constexpr (kCodec == static_cast<int>(Codec::kFP4)) {  // 32 B of e4m3
+    if (q < 2) cp_async16_u32(rec + kAt + 16 * q, t.scale + 16 * q, ok);
+  } else {  // 16 B: fp8_v32's 4 floats, fp8_mx's 16 e8m0
+    if (q == 0) cp_async16_u32(rec + kAt, t.scale, ok);
+  }
+  if constexpr (ring_has_rope<D, kCodec>()) {  // chunks q and q + 4 of the 128 B RoPE part
+    const uint8_t* rope = c.base;
+    if (ok) {
+      int block, offset;
+      block_offset(c, slot, &block, &offset);
+      rope += static_cast<int64_t>(block) * c.block_stride + c.rope_offset +
+              static_cast<int64_t>(offset) * c.rope_stride;
+    }
+    cp_async16_u32(rec + ring_rope_at<D, kCodec>() + 16 * q, rope + 16 * q, ok);
+    cp_async16_u32(rec + ring_rope_at<D, kCodec>() + 16 * (q + 4), rope + 16 * (q + 4), ok);
+  }
+}
+
+// A thread's quarter of one key from its ring record into stage row `row` (the streaming fill's
+// decode; RoPE chunks q and q + 4 copied as they are).
+template <int D, int kCodec>
+__device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const StageDst& dst, int row) {
+  constexpr int kChunks = stream_chunks<D, kCodec>();
+  constexpr int kAt = ring_scale_at<D, kCodec>();
+  uint32_t s[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0u;
+  if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(s[0]), "=r"(s[1]) : "r"(rec + kAt));
+  } else {
+#pragma unroll
+    for (int i = 0; i < (kCodec == static_cast<int>(Codec::kFP4) ? 2 : 1); ++i) {
+      const uint4 v = lds128(rec + kAt + 16 * i);
+      s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
+    }
+  }
+  uint4 raw[kChunks];
+#pragma unroll
+  for (int e = 0; e < kChunks; ++e) raw[e] = lds128(rec + 64 * e + 16 * q);
+  if (stream_fast<D, kCodec>(s)) {
+#pragma unroll
+    for (int e = 0; e < kChunks; ++e) stream_store_chunk_fast<D, kCodec>(raw[e], s, e, q, dst, row);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kChunks; ++e) stream_store_chunk<D, kCodec>(raw[e], s, e, q, dst, row);
+  }
+  if constexpr (ring_has_rope<D, kCodec>()) {
+    char* piece = dst.local + (D == 576 ? 8 : 7) * 8192 + row * 128;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int chunk = q + 4 * h;
+      *reinterpret_cast<uint4*>(piece + ((chunk ^ (row & 7)) << 4)) =
+          lds128(rec + ring_rope_at<D, kCodec>() + 16 * chunk);
+    }
+  }
+}
+
+template <class Traits, int kCodec>
+__device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
+                                                typename Traits::SharedStorage& smem, int problem,
+                                                int split) {
+  static_assert(Traits::kRing && Traits::kStages == 1);
+  constexpr int D = Traits::kHeadDimQK;
+  constexpr int kRounds = ring_rounds<Traits, kCodec>();
+  constexpr int kKeyBytes = ring_key_bytes<D, kCodec>();
+  constexpr int kRoundBytes = Traits::kRingRoundKeys * kKeyBytes;
+  static_assert(kRounds >= 2 && kRounds * kRoundBytes <= Traits::kRingBytes);
+  const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
+  const int q = lane & 3;
+  const int row0 = 8 * warp + (lane >> 2);
+  const Problem keys = problem_of<Traits::kDense>(p, problem);
+  const int2 range = split_tiles<Traits::kDense>(p, keys, split);
+  const int n_rounds = 2 * (range.y - range.x);
+  // Round n: tile range.x + n / 2, keys 32 (n % 2) .. + 31; this thread's key and its slot.
+  auto slot_at = [&](int n) {
+    if (n >= n_rounds) return -1;
+    const int k = range.x + (n >> 1);
+    return slot_of<Traits::kDense>(p, tile_at(keys, k), keys, row0 + 32 * (n & 1));
+  };
+  const uint32_t ring = smem_u32(smem.ring) + row0 * kKeyBytes;  // + (n % kRounds) kRoundBytes
+  StageDst dst;
+  dst.local = reinterpret_cast<char*>(smem.k[0]);
+  dst.peer = 0u;
+  dst.peer_bar = 0u;
+  // Whether this thread's key of round n was valid: bit (issued rounds - 1 - n) of `ok_bits`.
+  uint32_t ok_bits = 0u;
+  auto issue = [&](int n, int slot) {
+    bool ok = false;
+    if (n < n_rounds) {
+      const SparseCacheParams& c = p.cache[tile_at(keys, range.x + (n >> 1)).cache];
+      ok = slot >= 0 && slot < c.num_slots;
+      ring_issue_key<D, kCodec>(c, slot, ok, q, ring + (n % kRounds) * kRoundBytes);
+    }
+    cp_async_commit();  // (an empty group past the end: the wait below counts groups)
+    ok_bits = ok_bits << 1 | (ok ? 1u : 0u);
+  };
+  // Indices two rounds ahead of the round being issued (their loads are DRAM round trips too).
+#pragma unroll 1
+  for (int n = 0; n < kRounds - 1; ++n) issue(n, slot_at(n));
+  int slot_a = slot_at(kRounds - 1), slot_b = slot_at(kRounds);
+#pragma unroll 1
+  for (int n = 0; n < n_rounds; ++n) {
+    const int r = n & 1, kk = n >> 1;
+    __syncwarp();  // every lane's reads of round n - 1's records (the slot reissued now) are done
+    issue(n + kRounds - 1, slot_a);
+    slot_a = slot_b;
+    slot_b = slot_at(n + kRounds + 1);
+    cp_async_wait_group<kRounds - 1>();  // this thread's copies of round n have landed
+    __syncwarp();                         // and every lane's
+    const bool ok = (ok_bits >> (kRounds - 1)) & 1u;
+    // The round's rows of the stage are free once both compute warpgroups are done with them.
+    cutlass::arch::ClusterBarrier::wait(&smem.empty[r], (kk & 1) ^ 1);
+    ring_decode_key<D, kCodec>(ring + (n % kRounds) * kRoundBytes, q, dst, row0 + 32 * r);
+    store_round_mask(ok, lane, &smem.valid[0][4 * r + warp]);
+    fence_async_smem();  // the generic stores before wgmma's reads
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[r]);
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
+}
+
 // The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
 template <class Traits>
 __device__ __forceinline__ void produce(const SparseDecodeParams& p,

@@ -26,8 +26,11 @@ namespace openmla::cuda::sm90 {
 // kStagger_: the seesaw with staggered maxima (kernel.cuh consume; OPENMLA_SPARSE_STAGGER=1).
 // kQuarters_: the stagger with a barrier pair a quarter-stage (128 dims) instead of a half, its
 // P V as two 128-dim groups (OPENMLA_SPARSE_QUARTERS=1; sparse_prefill/NOTES.md lever 1b).
+// kRing_: the ring fill (OPENMLA_SPARSE_RING=1; producer.cuh produce_by_ring): quantised keys'
+// raw bytes by cp.async into a ring of rounds (32 keys) in shared memory, decoded from there into
+// ONE bf16 stage whose two rounds have barriers of their own (kernel.cuh: S = Q K^T by round).
 template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
-          bool kQuarters_ = false>
+          bool kQuarters_ = false, bool kRing_ = false>
 struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
   using Element = cute::bfloat16_t;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -37,6 +40,8 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
   static constexpr bool kQuarters = kQuarters_;
   static_assert(kStagger || !kQuarters, "quarter-stage barriers serve the stagger");
+  static constexpr bool kRing = kRing_;
+  static_assert(!(kRing && kSeesaw), "the ring fill serves quantised keys, the seesaw bf16 ones");
   // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
   // rest), or quarters (128 dims; the last one also holds d 576's RoPE piece).
   static constexpr int kParts = kQuarters ? 4 : 2;
@@ -58,7 +63,26 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static constexpr int kPieceBytes = kPieceElems * 2;
   static constexpr int kTileElems = kBlockN * kHeadDimQK;
   static constexpr int kStageBytes = kTileElems * 2;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kRing ? 1 : 2;
+  // The ring fill: a round is 32 keys; a key's raw record (data, scales, RoPE) is at most 704 B
+  // (fp8_v32, fp8_model1; a stride of 64 mod 128 B, so the 2 keys x 4 quarters of a quarter-warp
+  // read 8 different 16 B bank groups), three such rounds (fp4's 320 B records: six).
+  static constexpr int kRingRoundKeys = 32;
+  static constexpr int kRingBytes = kRing ? 3 * kRingRoundKeys * 704 : 16;
+  // The ring's S = Q K^T by round: a round's keys are rows 32 r .. 32 r + 31 of every piece
+  // (the K tile's layout with 32 rows and the same 8 KB piece stride), 64 x 32 x 16 wgmma.
+  using SmemLayoutKRound = decltype(cute::composition(
+      cute::Swizzle<3, 4, 3>{}, cute::smem_ptr_flag_bits<16>{},
+      cute::Layout<cute::Shape<cute::Shape<cute::_8, cute::_4>,
+                               cute::Shape<cute::_64, cute::Int<kHeadDimQK / 64>>>,
+                   cute::Stride<cute::Stride<cute::_64, cute::_512>,
+                                cute::Stride<cute::_1, cute::_4096>>>{}));
+  using TiledMmaQKRound = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::_32, cute::_64>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+  // Full / empty barriers: per stage, per part of a stage (the seesaw) or per round (the ring).
+  static constexpr int kBarriers = kSeesaw ? kParts * kStages : kRing ? 2 : kStages;
   // P (64 x 64 bf16) crosses from WG0 to WG1. At d 576 it lives in the stage's RoPE piece (dead
   // once QK^T is done; Q + two tiles leave no room for more), at d 512 in buffers of its own.
   static constexpr bool kPInKTile = kNumPieces > 8;
@@ -69,9 +93,11 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   // 504 per thread slot = the 384 x 168 the CTA launches with. The dense mode's WG0 keeps its
   // problem's row bookkeeping too and spills at 232: 240, with the producer at 88 (no spill).
   // The seesaw order: 216 + 216 + 72.
-  static constexpr int kWg0Registers = kSeesaw ? 232 : kDense ? 240 : 232;
+  // The ring's WG0 holds Q's descriptors of the round-by-round QK^T too: 240 as the dense
+  // mode's (its producer, decoding from shared memory, fits 88).
+  static constexpr int kWg0Registers = kSeesaw ? 232 : kDense || kRing ? 240 : 232;
   static constexpr int kWg1Registers = kSeesaw ? 232 : 176;
-  static constexpr int kProducerRegisters = kSeesaw ? 40 : kDense ? 88 : 96;
+  static constexpr int kProducerRegisters = kSeesaw ? 40 : kDense || kRing ? 88 : 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
@@ -96,9 +122,12 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     alignas(16) uint32_t valid[kStages][8];
     // the producer filled the stage (4 warp arrivals; with a CTA pair, also the peer's bytes)
     // (the seesaw order: per part, kParts stage + part, producer.cuh produce_halves)
-    alignas(8) uint64_t full[kSeesaw ? kParts * kStages : kStages];
+    // (the ring: per round of the one stage, produce_by_ring)
+    alignas(8) uint64_t full[kBarriers];
     // the compute warpgroups are done with it (8 warps; 16 with a CTA pair: both CTAs' warps)
-    uint64_t empty[kSeesaw ? kParts * kStages : kStages];
+    uint64_t empty[kBarriers];
+    // the ring fill's raw records (producer.cuh produce_by_ring)
+    alignas(kRing ? 128 : 16) uint8_t ring[kRingBytes];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
