@@ -251,10 +251,12 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   # The group fill of bf16 rows: prefill's default; on bf16 decode too (=1), and off (=0).
   switch_tests groups OPENMLA_SPARSE_GROUPS=1 'Sparse*'
   switch_tests no_groups OPENMLA_SPARSE_GROUPS=0 'SparsePrefill*'
-  # The ring fill's kernel (quantised keys of one format, unpaired; off by default until
-  # measured): every sparse and dense-mode test, and with the pairs off (h_q 128 on it too).
+  # The ring fill's kernel (quantised keys of one format, unpaired; the default where it
+  # measured faster, core/sparse_kernel_plan.cc): everywhere it can run (=1), and with the pairs
+  # off (h_q 128 on it too); off (=0: the register fills where the ring is the default).
   switch_tests ring OPENMLA_SPARSE_RING=1 'Sparse*:DenseDecodeKVCache*'
   switch_tests ring_unpaired 'OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' 'Sparse*:DenseDecodeKVCache*'
+  switch_tests no_ring OPENMLA_SPARSE_RING=0 'Sparse*:DenseDecodeKVCache*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

@@ -30,9 +30,17 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
     if (sw.stream >= 0 && sw.stream <= 2) plan.stream = sw.stream;
   }
   plan.fp4_swap = sw.fp4_swap == 1;
-  // The ring fill (a fill built for one format, unpaired): by the switch until it has run on a
-  // GPU (sparse_decode/NOTES.md).
-  plan.ring = plan.fill_for_format && !plan.pair && sw.ring == 1;
+  // The ring fill (a fill built for one format, unpaired) where it measured faster (H100, 41d2508,
+  // same run): the fp8 formats' sparse grids of 4 or more tiles a split (1.02-1.13x), and the
+  // dense mode over fp8_model1 / fp8_mx (1.02-1.22x). Not fp4 (0.87-0.96x: its decode is the
+  // heavier), nor fp8_v32's dense mode (0.95-1.10x), nor one- and two-tile splits (0.81-1.11x:
+  // the one stage leaves a short split nothing to overlap).
+  const bool ring_format = shape.format == SparseFillFormat::kFP8_V32 ||
+                           shape.format == SparseFillFormat::kFP8_Model1 ||
+                           shape.format == SparseFillFormat::kFP8_MX;
+  const bool ring_default = ring_format && shape.tiles_per_split >= 4 &&
+                            (!shape.dense_mode || shape.format != SparseFillFormat::kFP8_V32);
+  plan.ring = plan.fill_for_format && !plan.pair && (sw.ring == 1 || (ring_default && sw.ring != 0));
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill
@@ -48,8 +56,9 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   plan.stagger = plan.seesaw && stagger;
   plan.l2_hint = plan.stagger && l2_hint;
   plan.quarters = plan.stagger && quarters;
-  // bf16 rows by 8-lane groups: prefill's default (1.09-1.24x), on bf16 decode by the switch.
-  plan.group_fill = !quantised && shape.bf16_async && (shape.prefill ? sw.groups != 0 : sw.groups == 1);
+  // bf16 rows by 8-lane groups (sparse mode): prefill's default (1.09-1.24x) and bf16 decode's
+  // (1.07-1.18x, H100, 41d2508, same run).
+  plan.group_fill = !quantised && !shape.dense_mode && shape.bf16_async && sw.groups != 0;
   return plan;
 }
 

@@ -22,6 +22,7 @@ struct SparseKernelShape {
   SparseFillFormat format = SparseFillFormat::kNone;
   // Every cache the grid reads is bf16 with 16-byte rows (keys by cp.async).
   bool bf16_async = false;
+  int tiles_per_split = 0;  // the most 64-key tiles a CTA walks (the split plan's)
 };
 
 // An environment switch: unset, or forced off / on (or to a form, for `stream`).

@@ -36,10 +36,11 @@ TEST(SparseKernelPlan, PrefillRunsTheStaggerTheQuartersAtD576AndTheGroupFill) {
   }
 }
 
-TEST(SparseKernelPlan, Bf16DecodeKeepsThePlainOrders) {
+TEST(SparseKernelPlan, Bf16DecodeKeepsThePlainOrdersWithTheGroupFill) {
   const SparseKernelPlan d512 = plan_sparse_kernel(bf16(512, 2, false), {});
-  EXPECT_TRUE(d512.seesaw);
-  EXPECT_FALSE(d512.stagger || d512.quarters || d512.group_fill);
+  EXPECT_TRUE(d512.seesaw && d512.group_fill);
+  EXPECT_FALSE(d512.stagger || d512.quarters);
+  EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), {}).group_fill);
   const SparseKernelPlan d576_h64 = plan_sparse_kernel(bf16(576, 1, false), {});
   EXPECT_TRUE(d576_h64.seesaw);
   EXPECT_FALSE(d576_h64.stagger);
@@ -49,6 +50,7 @@ TEST(SparseKernelPlan, Bf16DecodeKeepsThePlainOrders) {
   SparseKernelShape dense = bf16(512, 1, false);
   dense.dense_mode = true;
   EXPECT_FALSE(plan_sparse_kernel(dense, {}).seesaw);
+  EXPECT_FALSE(plan_sparse_kernel(dense, {}).group_fill);  // (its producer has no group fill)
 }
 
 TEST(SparseKernelPlan, TheTokenFillStreamsWhereItMeasuredFaster) {
@@ -106,6 +108,7 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   sw = {};
   sw.groups = 0;
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, true), sw).group_fill);
+  EXPECT_FALSE(plan_sparse_kernel(bf16(576, 2, false), sw).group_fill);
   sw.groups = 1;
   EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), sw).group_fill);
   for (int form : {0, 1, 2}) {
@@ -129,29 +132,46 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   EXPECT_EQ(generic.stream, 0);
 }
 
-TEST(SparseKernelPlan, TheRingFillRunsByItsSwitchOnUnpairedGridsOfOneFormat) {
+TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   using F = SparseFillFormat;
+  auto ring = [](F f, int m_blocks, bool dense, int tiles, SparseKernelSwitches sw = {}) {
+    SparseKernelShape s = quantised(f, f == F::kFP8_V32 ? 576 : 512, m_blocks, dense);
+    s.tiles_per_split = tiles;
+    return plan_sparse_kernel(s, sw);
+  };
+  // Sparse mode: the fp8 formats on unpaired grids of 4 or more tiles a split.
+  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
+    EXPECT_TRUE(ring(f, 1, false, 4).ring);
+    EXPECT_TRUE(ring(f, 1, false, 32).ring);
+    EXPECT_EQ(ring(f, 1, false, 32).stream, 0);  // a register fill: not in the ring's kernel
+    EXPECT_FALSE(ring(f, 1, false, 2).ring);     // short splits
+    EXPECT_FALSE(ring(f, 2, false, 32).ring);    // a CTA pair
+  }
+  EXPECT_FALSE(ring(F::kFP4, 1, false, 32).ring);
+  // Dense mode: fp8_model1 and fp8_mx.
+  EXPECT_TRUE(ring(F::kFP8_Model1, 1, true, 16).ring);
+  EXPECT_TRUE(ring(F::kFP8_MX, 1, true, 16).ring);
+  EXPECT_FALSE(ring(F::kFP8_V32, 1, true, 16).ring);
+  EXPECT_FALSE(ring(F::kFP4, 1, true, 16).ring);
+  // The switch: off anywhere; on wherever the kernel runs (unpaired, one format).
+  SparseKernelSwitches off;
+  off.ring = 0;
+  EXPECT_FALSE(ring(F::kFP8_V32, 1, false, 32, off).ring);
+  EXPECT_EQ(ring(F::kFP8_Model1, 1, false, 32, off).stream, 1);
+  SparseKernelSwitches on;
+  on.ring = 1;
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
-    const int d = f == F::kFP8_V32 ? 576 : 512;
-    EXPECT_FALSE(plan_sparse_kernel(quantised(f, d, 1), {}).ring);  // off by default
-    SparseKernelSwitches sw;
-    sw.ring = 1;
     for (bool dense : {false, true}) {
-      const SparseKernelPlan one = plan_sparse_kernel(quantised(f, d, 1, dense), sw);
-      EXPECT_TRUE(one.ring);
-      EXPECT_EQ(one.stream, 0);  // a register fill: not in the ring's kernel
-      // Two m-blocks run as a CTA pair unless the pair is switched off.
-      EXPECT_FALSE(plan_sparse_kernel(quantised(f, d, 2, dense), sw).ring);
-      sw.pair = 0;
-      EXPECT_TRUE(plan_sparse_kernel(quantised(f, d, 2, dense), sw).ring);
-      sw.pair = -1;
+      EXPECT_TRUE(ring(f, 1, dense, 1, on).ring);
+      EXPECT_FALSE(ring(f, 2, dense, 32, on).ring);  // paired unless the pair is off
+      SparseKernelSwitches unpaired = on;
+      unpaired.pair = 0;
+      EXPECT_TRUE(ring(f, 2, dense, 32, unpaired).ring);
     }
   }
-  SparseKernelSwitches sw;
-  sw.ring = 1;
-  EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), sw).ring);  // two formats
-  EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), sw).ring);
-  EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), sw).ring);
+  EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
+  EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
+  EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);
 }
 
 }  // namespace

@@ -280,6 +280,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   const bool one_codec = p.topk[1] == 0 || p.cache[1].codec == p.cache[0].codec;
   kshape.format = one_codec ? fill_format(p.cache[0].codec) : core::SparseFillFormat::kNone;
   kshape.bf16_async = p.cache[0].async_copy && (p.topk[1] == 0 || p.cache[1].async_copy);
+  kshape.tiles_per_split = p.tiles_per_split;
   const core::SparseKernelPlan form = core::plan_sparse_kernel(kshape, env_switches());
   p.fill_codec = form.fill_for_format ? p.cache[0].codec : -1;
   p.pair = form.pair;
