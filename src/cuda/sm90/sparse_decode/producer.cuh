@@ -962,9 +962,9 @@ __device__ __forceinline__ void produce_by_token_stream(const SparseDecodeParams
 // --- the ring fill (OPENMLA_SPARSE_RING=1; NOTES.md "the ring fill") ---
 // The register fills hold at most a round's raw bytes (registers), so a round's DRAM round trip
 // is paid (or hidden under one round's decode) each round. Here the raw bytes go by cp.async
-// into a ring of rounds in shared memory (traits.h kRingBytes; no registers held per key in
-// flight), issued kRounds - 1 rounds ahead, and are decoded from there into the kernel's ONE bf16
-// stage, whose rounds (keys 0-31, 32-63) have full and empty barriers of their own, so the
+// into a ring of rounds in shared memory (traits.h kRingBytes: 3 rounds at d 576, 4 at d 512, 8
+// of fp4's; no registers held per key in flight), issued kRounds - 1 rounds ahead, and are
+// decoded from there into the kernel's ONE bf16 stage, whose rounds (keys 0-31, 32-63) have full and empty barriers of their own, so the
 // compute warpgroups start a tile's S = Q K^T on its first round while the second is decoded
 // and hand a round back as soon as both P V halves over its keys are done (kernel.cuh).
 // Warp w owns keys 8 w .. 8 w + 7 of every round, in the ring and in the stage (the token fill's
@@ -993,7 +993,7 @@ constexpr int ring_key_bytes() {
 template <class Traits, int kCodec>
 constexpr int ring_rounds() {
   constexpr int n = Traits::kRingBytes / (Traits::kRingRoundKeys * ring_key_bytes<Traits::kHeadDimQK, kCodec>());
-  return n > 6 ? 6 : n;
+  return n > 8 ? 8 : n;
 }
 
 template <int kPending>

@@ -66,9 +66,10 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static constexpr int kStages = kRing ? 1 : 2;
   // The ring fill: a round is 32 keys; a key's raw record (data, scales, RoPE) is at most 704 B
   // (fp8_v32, fp8_model1; a stride of 64 mod 128 B, so the 2 keys x 4 quarters of a quarter-warp
-  // read 8 different 16 B bank groups), three such rounds (fp4's 320 B records: six).
+  // read 8 different 16 B bank groups). Three such rounds at d 576 (Q and the stage take the
+  // rest), four at d 512 (227 KB exactly in the dense mode); fp4's 320 B records: eight.
   static constexpr int kRingRoundKeys = 32;
-  static constexpr int kRingBytes = kRing ? 3 * kRingRoundKeys * 704 : 16;
+  static constexpr int kRingBytes = kRing ? (kHeadDimQK == 576 ? 3 : 4) * kRingRoundKeys * 704 : 16;
   // The ring's S = Q K^T by round: a round's keys are rows 32 r .. 32 r + 31 of every piece
   // (the K tile's layout with 32 rows and the same 8 KB piece stride), 64 x 32 x 16 wgmma.
   using SmemLayoutKRound = decltype(cute::composition(
