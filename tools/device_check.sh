@@ -233,9 +233,10 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests keys_fill OPENMLA_SPARSE_FILL=keys 'Sparse*:DenseDecodeKVCache*'
   switch_tests unpaired OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
   switch_tests default_order OPENMLA_SPARSE_SEESAW=0 'Sparse*'
-  # Sparse prefill runs the staggered maxima (d 512) and the quarter-stage barriers (d 576) by
-  # default; OPENMLA_SPARSE_STAGGER=0 keeps its earlier orders, =1 and OPENMLA_SPARSE_QUARTERS=1
-  # put them on bf16 decode too, OPENMLA_SPARSE_L2HINT=1 adds the L2 hint.
+  # Sparse prefill runs the staggered maxima with half-stage barriers by default;
+  # OPENMLA_SPARSE_STAGGER=0 keeps its earlier orders, =1 puts the stagger on bf16 decode too,
+  # OPENMLA_SPARSE_QUARTERS=1 its quarter-stage barriers (prefill's and decode's), and
+  # OPENMLA_SPARSE_L2HINT=1 adds the L2 hint.
   switch_tests no_stagger OPENMLA_SPARSE_STAGGER=0 'SparsePrefill*'
   switch_tests stagger OPENMLA_SPARSE_STAGGER=1 'Sparse*'
   switch_tests l2hint OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'

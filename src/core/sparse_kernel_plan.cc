@@ -30,26 +30,30 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
     if (sw.stream >= 0 && sw.stream <= 2) plan.stream = sw.stream;
   }
   plan.fp4_swap = sw.fp4_swap == 1;
-  // The ring fill (a fill built for one format, unpaired) where it measured faster (H100, 41d2508,
-  // same run): the fp8 formats' sparse grids of 4 or more tiles a split (1.02-1.13x), and the
-  // dense mode over fp8_model1 / fp8_mx (1.02-1.22x). Not fp4 (0.87-0.96x: its decode is the
-  // heavier), nor fp8_v32's dense mode (0.95-1.10x), nor one- and two-tile splits (0.81-1.11x:
-  // the one stage leaves a short split nothing to overlap).
+  // The ring fill (a fill built for one format, unpaired) where it measured faster (H100, 41d2508
+  // and 0dd750d, same runs): the fp8 formats' sparse grids of 4 or more tiles a split
+  // (1.01-1.10x), and the dense mode over fp8_model1 / fp8_mx with 4-32 tiles a split
+  // (1.04-1.22x; 0.97-1.01x on longer splits). Not fp4 (0.87-0.96x: its decode is the heavier),
+  // nor fp8_v32's dense mode (0.95-1.10x), nor one- and two-tile splits (0.78-1.11x).
   const bool ring_format = shape.format == SparseFillFormat::kFP8_V32 ||
                            shape.format == SparseFillFormat::kFP8_Model1 ||
                            shape.format == SparseFillFormat::kFP8_MX;
-  const bool ring_default = ring_format && shape.tiles_per_split >= 4 &&
-                            (!shape.dense_mode || shape.format != SparseFillFormat::kFP8_V32);
+  const bool ring_default =
+      ring_format && shape.tiles_per_split >= 4 &&
+      (!shape.dense_mode ||
+       (shape.format != SparseFillFormat::kFP8_V32 && shape.tiles_per_split <= 32));
   plan.ring = plan.fill_for_format && !plan.pair && (sw.ring == 1 || (ring_default && sw.ring != 0));
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill
   // 1.10-1.15x at d 512, 1.04-1.06x at d 576 with one m-block; at d 576 with two it was
   // 0.97-1.01x on prefill and 0.87x on bf16 decode, which keep the first order), and for prefill
-  // its staggered form (1.04-1.10x; ef2b6f2), at d 576 with quarter-stage barriers.
+  // its staggered form (1.04-1.10x; ef2b6f2).
   const bool prefill_stagger = shape.prefill && sw.stagger != 0;
   const bool l2_hint = sw.l2_hint == 1;
-  const bool quarters = sw.quarters == 1 || (prefill_stagger && shape.d_qk == 576 && sw.quarters != 0);
+  // (Quarter-stage barriers were prefill's default at d 576 until the group fill: with it the
+  // half-stage barriers measured 1.12-1.16x faster, H100, 0dd750d.)
+  const bool quarters = sw.quarters == 1;
   const bool stagger = sw.stagger == 1 || l2_hint || quarters || prefill_stagger;
   plan.seesaw = !quantised && !shape.dense_mode && shape.bf16_async &&
                 (shape.d_qk == 512 || shape.m_blocks == 1 || stagger) && sw.seesaw != 0;

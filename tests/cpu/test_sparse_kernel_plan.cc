@@ -25,14 +25,14 @@ SparseKernelShape bf16(int d_qk, int m_blocks, bool prefill) {
   return s;
 }
 
-TEST(SparseKernelPlan, PrefillRunsTheStaggerTheQuartersAtD576AndTheGroupFill) {
+TEST(SparseKernelPlan, PrefillRunsTheStaggerAndTheGroupFill) {
   for (int m : {1, 2}) {
     const SparseKernelPlan d512 = plan_sparse_kernel(bf16(512, m, true), {});
     EXPECT_TRUE(d512.seesaw && d512.stagger && d512.group_fill);
     EXPECT_FALSE(d512.quarters || d512.l2_hint || d512.pair);
     const SparseKernelPlan d576 = plan_sparse_kernel(bf16(576, m, true), {});
-    EXPECT_TRUE(d576.seesaw && d576.stagger && d576.quarters && d576.group_fill);
-    EXPECT_FALSE(d576.l2_hint);
+    EXPECT_TRUE(d576.seesaw && d576.stagger && d576.group_fill);
+    EXPECT_FALSE(d576.quarters || d576.l2_hint);  // half-stage barriers with the group fill
   }
 }
 
@@ -91,13 +91,14 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   EXPECT_FALSE(plain.seesaw || plain.stagger || plain.quarters);
   EXPECT_TRUE(plan_sparse_kernel(bf16(512, 1, true), sw).seesaw);
   sw = {};
-  sw.quarters = 0;  // the stagger at d 576 with half-stage barriers
+  sw.quarters = 0;  // the stagger with half-stage barriers (the default)
   const SparseKernelPlan halves = plan_sparse_kernel(bf16(576, 1, true), sw);
   EXPECT_TRUE(halves.stagger);
   EXPECT_FALSE(halves.quarters);
   sw = {};
   sw.quarters = 1;
   EXPECT_TRUE(plan_sparse_kernel(bf16(512, 1, true), sw).quarters);
+  EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, true), sw).quarters);
   EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), sw).seesaw);  // decode too
   sw = {};
   sw.l2_hint = 1;
@@ -148,9 +149,11 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
     EXPECT_FALSE(ring(f, 2, false, 32).ring);    // a CTA pair
   }
   EXPECT_FALSE(ring(F::kFP4, 1, false, 32).ring);
-  // Dense mode: fp8_model1 and fp8_mx.
+  // Dense mode: fp8_model1 and fp8_mx, 4-32 tiles a split.
   EXPECT_TRUE(ring(F::kFP8_Model1, 1, true, 16).ring);
-  EXPECT_TRUE(ring(F::kFP8_MX, 1, true, 16).ring);
+  EXPECT_TRUE(ring(F::kFP8_MX, 1, true, 32).ring);
+  EXPECT_FALSE(ring(F::kFP8_Model1, 1, true, 64).ring);
+  EXPECT_FALSE(ring(F::kFP8_MX, 1, true, 2).ring);
   EXPECT_FALSE(ring(F::kFP8_V32, 1, true, 16).ring);
   EXPECT_FALSE(ring(F::kFP4, 1, true, 16).ring);
   // The switch: off anywhere; on wherever the kernel runs (unpaired, one format).
