@@ -9,8 +9,13 @@ producer's decode (or the MMA it serialises with) is. The bf16 kernel is timed t
 e.g. OPENMLA_SPARSE_RING=0) is timed twice in the same rounds (the second place is the one to
 read: docs/benchmarking.md), L2 flushed before each call.
 
-    PYTHONPATH=build-device/pypkg:bench python3 tools/probe_fill_bound.py [--seqlen 8192] \
+    PYTHONPATH=build-device/pypkg python3 tools/probe_fill_bound.py [--seqlen 8192] \
         [--setting OPENMLA_SPARSE_RING=0] ...
+
+With --once FMT it makes one warm-up call and one more over FMT with the L2 table and exits, for
+a profiler to take that launch (where the producer's warps stall):
+    ncu --set full --import-source yes -k regex:sparse_decode_kernel -s 1 -c 1 -o $OUT/fill \
+        python3 tools/probe_fill_bound.py --once fp8_v32
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ def main(argv) -> int:
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--setting", action="append", default=[], metavar="VAR=V[,VAR=V]")
+    ap.add_argument("--once", choices=FORMATS, help="two calls over this format, no timing")
     args = ap.parse_args(argv)
     settings = [dict(kv.split("=", 1) for kv in s.split(",")) for s in args.setting]
     b, h_q, seqlen = args.b, args.h_q, args.seqlen
@@ -46,6 +52,14 @@ def main(argv) -> int:
     distinct = torch.randperm(b * pages, device=DEV, generator=gen).to(torch.int32).view(b, pages)
     shared = torch.randperm(pages, device=DEV, generator=gen).to(torch.int32).repeat(b, 1)
     sched = openmla.plan_decode_schedule(seqlens, 1, h_q)
+    if args.once:
+        cache = make_cache(args.once, "default", b * pages, 64, gen)
+        qf = q if D_QK[args.once] == 576 else q[..., :512].contiguous()
+        for _ in range(2):
+            openmla.dense_decode(qf, cache, shared, seqlens, schedule=sched, kv_format=args.once,
+                                 kv_layout="default")
+        torch.cuda.synchronize()
+        return 0
     print(f"{torch.cuda.get_device_name()}: b {b}, h_q {h_q}, s_q 1, seqlen {seqlen}, page 64; "
           f"kernel-only µs, L2 flushed, median of {args.rounds}; µs a 64-key tile a CTA = time / "
           f"tiles a request (one CTA a request at this b)")
