@@ -258,6 +258,8 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests ring OPENMLA_SPARSE_RING=1 'Sparse*:DenseDecodeKVCache*'
   switch_tests ring_unpaired 'OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' 'Sparse*:DenseDecodeKVCache*'
   switch_tests no_ring OPENMLA_SPARSE_RING=0 'Sparse*:DenseDecodeKVCache*'
+  # The ring decoded by two producer warpgroups (512 threads; sparse mode; not yet measured).
+  switch_tests ring_wide OPENMLA_SPARSE_RING=2 'Sparse*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

@@ -10,19 +10,18 @@
 #                                  (carry [".deps", ".peers", ".pydeps"]; from the repository root;
 #                                  one device call: the machine is released 30 s after a call)
 #
-# Settings (environment; defaults in brackets: the A/Bs waiting for a device, 2026-12-06):
-#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_QUARTERS=1 (d 512 with the
-#                group fill) OPENMLA_SPARSE_QUARTERS=0 (d 576 with half-stage barriers)
-#                OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_GROUPS=0 (the group fill's gain again)]
+# Settings (environment; defaults in brackets: the A/Bs waiting for a device, 2026-12-06, session 28):
+#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_QUARTERS=1 (the quarter-stage
+#                barriers, the default until ba8c9eb) OPENMLA_SPARSE_STAGGER=0 (the earlier orders)]
 #   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
-#   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_RING=1 (unpaired grids) and
-#                with OPENMLA_SPARSE_PAIR=0 (h_q 128 too), OPENMLA_SPARSE_STREAM=2 (fp8_v32
-#                unpaired) OPENMLA_SPARSE_GROUPS=1 (bf16 decode) OPENMLA_SPARSE_FP4_SWAP=1 (fp4)]
+#   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_RING=2 (two decoding
+#                warpgroups) and OPENMLA_SPARSE_RING=0 (the register fills), each twice (the
+#                second place is the one to compare: docs/benchmarking.md)]
 #   PREFILL=0    skips the prefill rows
 #   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
 #                --kv-formats)
-#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_RING=1,
-#                and with OPENMLA_SPARSE_PAIR=0, OPENMLA_SPARSE_FP4_SWAP=1]
+#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_RING=1
+#                and OPENMLA_SPARSE_RING=0, each twice]
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,6 +57,7 @@ if [[ -f "$OUT/summary.txt" ]]; then
   grep -q "^gpu_tests_groups *FAIL" "$OUT/summary.txt" && failed_switches+=" GROUPS"
   grep -q "^gpu_tests_fp4_swap *FAIL" "$OUT/summary.txt" && failed_switches+=" FP4_SWAP"
   grep -q "^gpu_tests_ring *FAIL" "$OUT/summary.txt" && failed_switches+=" RING"
+  grep -q "^gpu_tests_ring_wide *FAIL" "$OUT/summary.txt" && failed_switches+=" RING"
 fi
 ab_args() {
   local a f
@@ -69,7 +69,7 @@ ab_args() {
 [[ -n "$failed_switches" ]] && echo "left out (their GPU tests failed):$failed_switches" | tee "$OUT/ab_prefill.txt"
 
 if [[ "${PREFILL:-1}" != 0 ]]; then
-  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_QUARTERS=1 OPENMLA_SPARSE_QUARTERS=0 OPENMLA_SPARSE_L2HINT=1 OPENMLA_SPARSE_GROUPS=0}")"
+  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_QUARTERS=1 OPENMLA_SPARSE_STAGGER=0}")"
   lim=$(left); [[ $lim -gt 240 ]] && lim=240
   timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
     >>"$OUT/ab_prefill.txt" 2>&1
@@ -77,14 +77,14 @@ if [[ "${PREFILL:-1}" != 0 ]]; then
 fi
 
 if [[ $(left) -gt 120 ]]; then
-  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=0 OPENMLA_SPARSE_STREAM=2 OPENMLA_SPARSE_GROUPS=1 OPENMLA_SPARSE_FP4_SWAP=1}")"
+  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_RING=2 OPENMLA_SPARSE_RING=2,OPENMLA_SPARSE_PAIR=1 OPENMLA_SPARSE_RING=0 OPENMLA_SPARSE_RING=0,OPENMLA_SPARSE_PAIR=1}")"
   timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-all}" --rounds "${ROUNDS:-10}" \
     "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
 fi
 
 if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
-  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=0 OPENMLA_SPARSE_FP4_SWAP=1}")"
+  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=1 OPENMLA_SPARSE_RING=0 OPENMLA_SPARSE_RING=0,OPENMLA_SPARSE_PAIR=1}")"
   timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
     --rounds "${ROUNDS:-10}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
   echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"

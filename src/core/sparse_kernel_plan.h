@@ -35,7 +35,7 @@ struct SparseKernelSwitches {
   int stream = -1;    // OPENMLA_SPARSE_STREAM (0, 1, 2)
   int pair = -1;      // OPENMLA_SPARSE_PAIR
   int fp4_swap = -1;  // OPENMLA_SPARSE_FP4_SWAP
-  int ring = -1;      // OPENMLA_SPARSE_RING
+  int ring = -1;      // OPENMLA_SPARSE_RING (0, 1, 2)
   bool generic_fill = false;  // OPENMLA_SPARSE_FILL=generic
 };
 
@@ -44,7 +44,8 @@ struct SparseKernelPlan {
   bool pair = false;             // a 2-CTA cluster decodes each tile once
   int stream = 0;                // the token fill's rounds: 0 one by one, 1/2 streamed
   bool fp4_swap = false;         // fp4's stores in the conflict-free order
-  bool ring = false;             // the ring fill's kernel (raw bytes by cp.async, one bf16 stage)
+  int ring = 0;                  // the ring fill's kernel (raw bytes by cp.async, one bf16
+                                 // stage): 1, or 2 with two decoding warpgroups; 0 not
   bool seesaw = false;           // compute warpgroups in the seesaw order
   bool stagger = false;          // ... with staggered maxima
   bool quarters = false;         // ... with a barrier pair a quarter-stage

@@ -121,6 +121,17 @@ __device__ __forceinline__ uint64_t stage_valid(const uint32_t (&words)[8]) {
          static_cast<uint64_t>(v1.x | v1.y << 8 | v1.z << 16 | v1.w << 24) << 32;
 }
 
+// Two producer warpgroups' key mask (traits.h kRing_ 2): word i holds keys 4 i .. 4 i + 3.
+__device__ __forceinline__ uint64_t stage_valid(const uint32_t (&words)[16]) {
+  uint64_t mask = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = reinterpret_cast<const uint4*>(words)[i];
+    mask |= static_cast<uint64_t>(v.x | v.y << 4 | v.z << 8 | v.w << 12) << (16 * i);
+  }
+  return mask;
+}
+
 // The seesaw order's P of stage s: at d 576 stage 0's in its RoPE piece (in its R half, which
 // WG1, the reader, frees) and stage 1's in a buffer of its own (its RoPE piece is in stage 1's R
 // half, which WG1 frees before WG0 has read P); at d 512 a buffer each.
@@ -160,6 +171,33 @@ __device__ __forceinline__ void pv_by_quarters(Mma& mma, TP& tOrP, TV const& tOr
   warpgroup_fence_operand(tOrO);
   warpgroup_fence_operand(tOrP);
   release_stage(&empty[1], lane, false);
+}
+
+// The ring fill's P V by round (attention/mma.cuh gemm_pv_by_round) as 64 x 128 groups: with two
+// producer warpgroups (512 threads) the kernel is compiled for 128 registers a thread, too few
+// for one 64 x 256 wgmma's operands, though WG0 and WG1 run with more (setmaxnreg).
+template <class Traits, class Mma, class TP, class TV, class TO>
+__device__ __forceinline__ void gemm_pv_by_round_128(Mma& mma, TP& tOrP, TV const& tOrV128,
+                                                     TO& tOrO) {
+  using namespace cute;
+  auto layout = partition_fragment_C(mma, Shape<Int<64>, Int<128>>{}).layout();
+  static_assert(decltype(size(layout))::value * 2 == decltype(size(tOrO))::value);
+  Tensor o0 = make_tensor(tOrO.data(), layout);
+  Tensor o1 = make_tensor(tOrO.data() + decltype(size(layout))::value, layout);
+  auto v1 = at_offset(tOrV128, 2 * Traits::kPieceBytes);
+  warpgroup_fence_operand(tOrP);
+  warpgroup_fence_operand(tOrO);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::One;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int k = 2 * half; k < 2 * half + 2; ++k) {
+      gemm(mma, tOrP(_, _, k), tOrV128(_, _, k), o0);
+      gemm(mma, tOrP(_, _, k), v1(_, _, k), o1);
+    }
+    warpgroup_commit_batch();
+  }
 }
 
 // The compute warpgroups (wg 0 or 1).
@@ -617,7 +655,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       bar_arrive(stage == 0 ? kBarP0 : kBarP1, 256);
       rescale_rows_if(O, factor);
       if constexpr (Traits::kRing) {
-        gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
+        if constexpr (Traits::kProducerWarpgroups == 2) {
+          gemm_pv_by_round_128<Traits>(mma_pv128, tOrP, tOrV128, tOrO);
+        } else {
+          gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
+        }
         warpgroup_wait<1>();
         release_stage(&smem.empty[0], lane, false);  // round 0's keys (round 1's: above)
       } else {
@@ -645,7 +687,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       const float factor[2] = {f.x, f.y};
       rescale_rows_if(O, factor);
       if constexpr (Traits::kRing) {  // each round's keys handed back as its P V completes
-        gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
+        if constexpr (Traits::kProducerWarpgroups == 2) {
+          gemm_pv_by_round_128<Traits>(mma_pv128, tOrP, tOrV128, tOrO);
+        } else {
+          gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
+        }
         warpgroup_wait<1>();
         release_stage(&smem.empty[0], lane, false);
         wait_pv(tOrO, tOrP);
@@ -840,10 +886,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
                                               part / kPerHalf == s ? 4 : 8);
         }
       } else if constexpr (Traits::kRing) {
-        // per round of the one stage: the 4 producer warps; the 8 compute warps
+        // per round of the one stage: the producer warps; the 8 compute warps
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          cutlass::arch::ClusterBarrier::init(&smem.full[r], 4);
+          cutlass::arch::ClusterBarrier::init(&smem.full[r], 4 * Traits::kProducerWarpgroups);
           cutlass::arch::ClusterBarrier::init(&smem.empty[r], 8);
         }
       } else {
@@ -862,7 +908,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // The combine grid may launch now; it waits for this grid to finish before reading partials.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  if (wg == 2) {
+  if (wg >= 2) {  // (two of them with kRing_ 2)
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if constexpr (Traits::kRing) {
       produce_ring<Traits>(params, smem, problem, split);
@@ -921,8 +967,15 @@ cudaError_t launch_sparse_decode_traits(const SparseDecodeParams& params, cudaSt
 // The ring fill's kernel (params.ring; its own instantiations, instantiations/ring_*.cu).
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStream_t stream) {
+  // Two decoding warpgroups: the sparse mode only (the dense mode's WG0 spills there).
+  if constexpr (!kDense) {
+    if (params.ring == 2) {
+      return launch_sparse_decode_traits<
+          SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, 2>>(params, stream);
+    }
+  }
   return launch_sparse_decode_traits<
-      SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, true>>(params, stream);
+      SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, 1>>(params, stream);
 }
 
 // Compiled in instantiations/ring_*.cu only (a kernel per d_qk and mode, built in parallel).
@@ -935,7 +988,7 @@ extern template cudaError_t launch_sparse_decode_ring<512, true>(const SparseDec
 // fill, quantised keys of one format (params.ring).
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
-  if (params.ring) return launch_sparse_decode_ring<kHeadDimQK, kDense>(params, stream);
+  if (params.ring > 0) return launch_sparse_decode_ring<kHeadDimQK, kDense>(params, stream);
   if constexpr (!kDense) {
     if (params.seesaw && params.stagger && params.quarters) {
       return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true, true, true>>(

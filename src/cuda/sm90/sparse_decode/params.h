@@ -99,8 +99,8 @@ struct SparseDecodeParams {
                         // (OPENMLA_SPARSE_FP4_SWAP=1; producer.cuh store_token)
   int stream;           // fill_codec >= 0: the streaming token fill, 1 with the per-round fast
                         // loop, 2 without, 0 off (launch.cu; OPENMLA_SPARSE_STREAM; producer.cuh)
-  bool ring;            // fill_codec >= 0, unpaired: the ring fill's kernel (traits.h kRing;
-                        // OPENMLA_SPARSE_RING=1; producer.cuh produce_by_ring)
+  int ring;             // fill_codec >= 0, unpaired: the ring fill's kernel (traits.h kRing;
+                        // producer.cuh produce_by_ring), 2 with two decoding warpgroups; 0 off
 };
 
 }  // namespace openmla::cuda::sm90
