@@ -1094,6 +1094,8 @@ constexpr int ring_data_bytes() {
          : kCodec == static_cast<int>(Codec::kFP4)      ? 256
                                                         : 512;
 }
+// (ring_issue_key with eighths. One template for both, tried: it added 8 instructions to the
+// measured one-warpgroup kernels and spilled this one at its 48 registers.)
 template <int D, int kCodec>
 __device__ __forceinline__ void ring_issue_key8(const SparseCacheParams& c, int slot, bool ok,
                                                 int q, uint32_t rec) {
