@@ -185,19 +185,10 @@ __device__ __forceinline__ void gemm_pv_by_round_128(Mma& mma, TP& tOrP, TV cons
   Tensor o0 = make_tensor(tOrO.data(), layout);
   Tensor o1 = make_tensor(tOrO.data() + decltype(size(layout))::value, layout);
   auto v1 = at_offset(tOrV128, 2 * Traits::kPieceBytes);
-  warpgroup_fence_operand(tOrP);
-  warpgroup_fence_operand(tOrO);
-  warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::One;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int k = 2 * half; k < 2 * half + 2; ++k) {
-      gemm(mma, tOrP(_, _, k), tOrV128(_, _, k), o0);
-      gemm(mma, tOrP(_, _, k), v1(_, _, k), o1);
-    }
-    warpgroup_commit_batch();
-  }
+  pv_by_round_groups(mma, tOrP, tOrO, [&](int k) {
+    gemm(mma, tOrP(_, _, k), tOrV128(_, _, k), o0);
+    gemm(mma, tOrP(_, _, k), v1(_, _, k), o1);
+  });
 }
 
 // The compute warpgroups (wg 0 or 1).

@@ -1043,13 +1043,10 @@ __device__ __forceinline__ void ring_issue_key(const SparseCacheParams& c, int s
   }
 }
 
-// A thread's quarter of one key from its ring record into stage row `row` (the streaming fill's
-// decode; RoPE chunks q and q + 4 copied as they are).
+// A key's scales from its ring record (stream_scales' words; zeros past them).
 template <int D, int kCodec>
-__device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const StageDst& dst, int row) {
-  constexpr int kChunks = stream_chunks<D, kCodec>();
+__device__ __forceinline__ void ring_load_scales(uint32_t rec, uint32_t (&s)[8]) {
   constexpr int kAt = ring_scale_at<D, kCodec>();
-  uint32_t s[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] = 0u;
   if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {
@@ -1061,6 +1058,15 @@ __device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const Stage
       s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
     }
   }
+}
+
+// A thread's quarter of one key from its ring record into stage row `row` (the streaming fill's
+// decode; RoPE chunks q and q + 4 copied as they are).
+template <int D, int kCodec>
+__device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const StageDst& dst, int row) {
+  constexpr int kChunks = stream_chunks<D, kCodec>();
+  uint32_t s[8];
+  ring_load_scales<D, kCodec>(rec, s);
   uint4 raw[kChunks];
 #pragma unroll
   for (int e = 0; e < kChunks; ++e) raw[e] = lds128(rec + 64 * e + 16 * q);
@@ -1195,19 +1201,8 @@ template <int D, int kCodec>
 __device__ __forceinline__ void ring_decode_key8(uint32_t rec, int q, char* stage, int row) {
   constexpr int kData = ring_data_bytes<D, kCodec>();
   constexpr int kChunks = (kData + 127) / 128;
-  constexpr int kAt = ring_scale_at<D, kCodec>();
   uint32_t s[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = 0u;
-  if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(s[0]), "=r"(s[1]) : "r"(rec + kAt));
-  } else {
-#pragma unroll
-    for (int i = 0; i < (kCodec == static_cast<int>(Codec::kFP4) ? 2 : 1); ++i) {
-      const uint4 v = lds128(rec + kAt + 16 * i);
-      s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
-    }
-  }
+  ring_load_scales<D, kCodec>(rec, s);
   uint4 raw[kChunks];
 #pragma unroll
   for (int e = 0; e < kChunks; ++e) {
