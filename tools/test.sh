@@ -74,8 +74,24 @@ if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   "$venv/bin/pip" install . >"$build/pip_install.log" 2>&1 ||
     { tail -n 60 "$build/pip_install.log"; exit 1; }
   echo "pip install . took $((SECONDS - start)) s (log: $build/pip_install.log)"
-  # torch (CPU use; PyPI's wheel) and transformers for the transformers integration tests.
-  "$venv/bin/python" -m pip install -q pytest numpy ml_dtypes torch==2.15.0 transformers==5.25.0
+  # torch (CPU use) and transformers for the transformers integration tests. PyPI's torch for
+  # x86-64 Linux is its CUDA build: with its requirements ~6 GB, and a CI run once ran out of disk
+  # here with pip's cache beside it. So: no cache, pip's temporary files on the build's disk,
+  # torch's requirements one at a time (the peak is one wheel, not all of them) and without
+  # triton, its GPU compiler, which nothing here loads (1 GB); the torch wheel itself last.
+  tmp="$(cd "$build" && pwd)/pip-tmp"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  df -h "$build" | tail -n 1 | awk '{print "free disk before the test requirements: " $4}'
+  pip_install() { TMPDIR="$tmp" "$venv/bin/python" -m pip install -q --no-cache-dir "$@"; }
+  pip_install pytest numpy ml_dtypes transformers==5.25.0
+  TMPDIR="$tmp" "$venv/bin/python" -m pip download -q --no-cache-dir --no-deps -d "$tmp/wheel" \
+    torch==2.15.0
+  torch_wheel=$(ls "$tmp"/wheel/torch-*.whl)
+  reqs=$("$venv/bin/python" tools/torch_requirements.py "$torch_wheel" --without triton)
+  mapfile -t reqs <<<"$reqs"
+  for req in "${reqs[@]}"; do pip_install "$req"; done
+  pip_install --no-deps "$torch_wheel"
+  rm -rf "$tmp"
   "$venv/bin/python" -m pytest -q tests/python -m "not gpu"
 fi
 echo "== all tests passed"
