@@ -15,13 +15,14 @@
 #                barriers, the default until ba8c9eb) OPENMLA_SPARSE_STAGGER=0 (the earlier orders)]
 #   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
 #   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_RING=2 (two decoding
-#                warpgroups) and OPENMLA_SPARSE_RING=0 (the register fills), each twice (the
-#                second place is the one to compare: docs/benchmarking.md)]
+#                warpgroups) twice (the second place is the one to compare: docs/benchmarking.md),
+#                once more with the pairs off (h_q 128 on it), and OPENMLA_SPARSE_RING=0 (the
+#                register fills) twice]
 #   PREFILL=0    skips the prefill rows
 #   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
 #                --kv-formats)
-#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_RING=1
-#                and OPENMLA_SPARSE_RING=0, each twice]
+#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_RING=2
+#                twice, OPENMLA_SPARSE_RING=1 and OPENMLA_SPARSE_RING=0 once]
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,14 +78,14 @@ if [[ "${PREFILL:-1}" != 0 ]]; then
 fi
 
 if [[ $(left) -gt 120 ]]; then
-  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_RING=2 OPENMLA_SPARSE_RING=2,OPENMLA_SPARSE_PAIR=1 OPENMLA_SPARSE_RING=0 OPENMLA_SPARSE_RING=0,OPENMLA_SPARSE_PAIR=1}")"
+  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_RING=2 OPENMLA_SPARSE_RING=2,OPENMLA_SPARSE_PAIR=1 OPENMLA_SPARSE_RING=2,OPENMLA_SPARSE_PAIR=0 OPENMLA_SPARSE_RING=0 OPENMLA_SPARSE_RING=0,OPENMLA_SPARSE_PAIR=1}")"
   timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-all}" --rounds "${ROUNDS:-10}" \
     "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
 fi
 
 if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
-  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=1 OPENMLA_SPARSE_RING=0 OPENMLA_SPARSE_RING=0,OPENMLA_SPARSE_PAIR=1}")"
+  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_RING=2 OPENMLA_SPARSE_RING=2,OPENMLA_SPARSE_PAIR=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=0}")"
   timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
     --rounds "${ROUNDS:-10}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
   echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"

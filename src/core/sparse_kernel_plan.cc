@@ -42,11 +42,10 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
       ring_format && shape.tiles_per_split >= 4 &&
       (!shape.dense_mode ||
        (shape.format != SparseFillFormat::kFP8_V32 && shape.tiles_per_split <= 32));
-  // `2`: the ring decoded by two producer warpgroups, sparse mode (not yet measured: by the
-  // switch only; the dense mode keeps one).
+  // `2`: the ring decoded by two producer warpgroups (not yet measured: by the switch only).
   const bool ring = plan.fill_for_format && !plan.pair &&
                     (sw.ring == 1 || sw.ring == 2 || (ring_default && sw.ring != 0));
-  plan.ring = !ring ? 0 : sw.ring == 2 && !shape.dense_mode ? 2 : 1;
+  plan.ring = !ring ? 0 : sw.ring == 2 ? 2 : 1;
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill

@@ -762,6 +762,18 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       for (int c = 0; c < size<1>(O); ++c) O(r, c) *= f;
     }
   }
+  // With two producer warpgroups (kRing_ 2) the dense mode's WG0 has no register left to keep
+  // its columns across the loop (ptxas spilled one): they are formed afresh from the thread index.
+  const auto cO_out = [&] {
+    if constexpr (kDense && Traits::kProducerWarpgroups == 2) {
+      uint32_t tid;
+      asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+      Tensor c = mma_pv.get_thread_slice(static_cast<int>(tid) - wg * 128).partition_C(cO);
+      return make_tensor(c.data(), acc_rowcol(c.layout()));
+    } else {
+      return cO_rc;
+    }
+  }();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const Row& w = rows[r];
@@ -772,7 +784,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                    wg * Traits::kVHalfDims) * 2;
 #pragma unroll
       for (int c = 0; c < size<1>(O); c += 2) {
-        const int col = get<1>(cO_rc(r, c));
+        const int col = get<1>(cO_out(r, c));
         *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(r, c), O(r, c + 1));
       }
     } else {
@@ -781,7 +793,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                    wg * Traits::kVHalfDims;
 #pragma unroll
       for (int c = 0; c < size<1>(O); c += 2) {
-        const int col = get<1>(cO_rc(r, c));
+        const int col = get<1>(cO_out(r, c));
         *reinterpret_cast<float2*>(out + col) = make_float2(O(r, c), O(r, c + 1));
       }
     }
@@ -958,12 +970,10 @@ cudaError_t launch_sparse_decode_traits(const SparseDecodeParams& params, cudaSt
 // The ring fill's kernel (params.ring; its own instantiations, instantiations/ring_*.cu).
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStream_t stream) {
-  // Two decoding warpgroups: the sparse mode only (the dense mode's WG0 spills there).
-  if constexpr (!kDense) {
-    if (params.ring == 2) {
-      return launch_sparse_decode_traits<
-          SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, 2>>(params, stream);
-    }
+  // Two decoding warpgroups (traits.h kRing_ 2).
+  if (params.ring == 2) {
+    return launch_sparse_decode_traits<
+        SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, 2>>(params, stream);
   }
   return launch_sparse_decode_traits<
       SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, 1>>(params, stream);
