@@ -234,21 +234,14 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests unpaired OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
   switch_tests default_order OPENMLA_SPARSE_SEESAW=0 'Sparse*'
   # Sparse prefill runs the staggered maxima with half-stage barriers by default;
-  # OPENMLA_SPARSE_STAGGER=0 keeps its earlier orders, =1 puts the stagger on bf16 decode too,
-  # OPENMLA_SPARSE_QUARTERS=1 its quarter-stage barriers (prefill's and decode's), and
-  # OPENMLA_SPARSE_L2HINT=1 adds the L2 hint.
+  # OPENMLA_SPARSE_STAGGER=0 keeps its earlier orders, =1 puts the stagger on bf16 decode too.
   switch_tests no_stagger OPENMLA_SPARSE_STAGGER=0 'SparsePrefill*'
   switch_tests stagger OPENMLA_SPARSE_STAGGER=1 'Sparse*'
-  switch_tests l2hint OPENMLA_SPARSE_L2HINT=1 'SparsePrefill*'
-  switch_tests quarters OPENMLA_SPARSE_QUARTERS=1 'Sparse*'
   # The token fill streams its rounds by default for fp8_model1, fp8_mx and fp8_v32 in CTA pairs
-  # or the dense mode (core/sparse_kernel_plan.cc): each form everywhere (=1, =2), and the
+  # or the dense mode (core/sparse_kernel_plan.cc): streamed everywhere (=1), and the
   # round-by-round fill (=0).
   switch_tests stream OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
-  switch_tests stream2 OPENMLA_SPARSE_STREAM=2 'Sparse*:DenseDecodeKVCache*'
   switch_tests stream_off OPENMLA_SPARSE_STREAM=0 'Sparse*:DenseDecodeKVCache*'
-  # fp4's round-by-round fill with conflict-free stores (off by default until measured).
-  switch_tests fp4_swap OPENMLA_SPARSE_FP4_SWAP=1 'Sparse*:DenseDecodeKVCache*'
   # The group fill of bf16 rows: prefill's default; on bf16 decode too (=1), and off (=0).
   switch_tests groups OPENMLA_SPARSE_GROUPS=1 'Sparse*'
   switch_tests no_groups OPENMLA_SPARSE_GROUPS=0 'SparsePrefill*'

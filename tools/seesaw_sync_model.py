@@ -3,7 +3,7 @@
 consume, producer.cuh produce_halves), run on the CPU under many random interleavings to find
 deadlocks and buffer races before a GPU does. It mirrors the order of every barrier operation and
 every shared-memory buffer access of the three warpgroups, for the committed seesaw order, the
-staggered one (kStagger) and the stagger with quarter-stage barriers (kQuarters); each warpgroup is one agent (its four warps act alike), each named
+staggered one (kStagger); each warpgroup is one agent (its four warps act alike), each named
 barrier counts warpgroups (128 threads each), each mbarrier counts warp arrivals.
 
 Checked, for tile counts 0..8 and many schedules each:
@@ -30,12 +30,11 @@ class Finding(Exception):
 
 
 class World:
-    def __init__(self, n_tiles: int, stagger: bool, d576: bool, mutation: str = "",
-                 quarters: bool = False):
+    def __init__(self, n_tiles: int, stagger: bool, d576: bool, mutation: str = ""):
         self.mut = mutation  # a deliberate bug (--self-test: each must be found)
         self.n_tiles = n_tiles
         self.stagger = stagger
-        self.n = 2 if quarters else 1  # parts a half (kParts / 2)
+        self.n = 1  # parts a half (kParts / 2; the quarter-stage barriers had 2, since removed)
         # d 576: stage 0's P lives in its RoPE piece (R half), written by the producer's R0 fill
         self.p0 = "rope0" if d576 else "P0"
         # mbarriers (kParts stage + part, part = half n + q): arrivals needed per phase, and
@@ -236,8 +235,8 @@ def consumer(w: World, wg: int, nb: Named):
 
 
 def run_one(n_tiles: int, stagger: bool, d576: bool, rng: random.Random,
-            mutation: str = "", quarters: bool = False) -> None:
-    w = World(n_tiles, stagger, d576, mutation, quarters)
+            mutation: str = "") -> None:
+    w = World(n_tiles, stagger, d576, mutation)
     nb = Named(w)
     agents = {"producer": producer(w), "WG0": consumer(w, 0, nb), "WG1": consumer(w, 1, nb)}
     waiting = {name: None for name in agents}
@@ -261,7 +260,7 @@ def run_one(n_tiles: int, stagger: bool, d576: bool, rng: random.Random,
 def main(argv) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schedules", type=int, default=2000)
-    ap.add_argument("--order", choices=("all", "seesaw", "stagger", "quarters"), default="all")
+    ap.add_argument("--order", choices=("all", "seesaw", "stagger"), default="all")
     ap.add_argument("--self-test", action="store_true",
                     help="check that each deliberate bug of the stagger is found")
     args = ap.parse_args(argv)
@@ -270,29 +269,27 @@ def main(argv) -> int:
         for mutation in ("no_zero_tile", "wg1_no_max_wait", "wg0_no_final_wait",
                          "wg1_releases_r0_early", "pv_hands_back_before_reading"):
             found = None
-            for n_tiles, quarters in ((t, q) for q in (False, True) for t in range(1, 9)):
+            for n_tiles in range(1, 9):
                 rng = random.Random(n_tiles)
                 try:
                     for _ in range(args.schedules):
-                        run_one(n_tiles, True, True, rng, mutation, quarters)
+                        run_one(n_tiles, True, True, rng, mutation)
                 except Finding as f:
-                    found = f"tiles {n_tiles}{' quarters' if quarters else ''}: {f}"
+                    found = f"tiles {n_tiles}: {f}"
                     break
             print(f"mutation {mutation}: {'found, ' + found if found else 'MISSED'}")
             missed += found is None
         return 1 if missed else 0
-    orders = {"all": ((False, False), (True, False), (True, True)), "seesaw": ((False, False),),
-              "stagger": ((True, False),), "quarters": ((True, True),)}[args.order]
+    orders = {"all": (False, True), "seesaw": (False,), "stagger": (True,)}[args.order]
     bad = 0
-    for stagger, quarters in orders:
+    for stagger in orders:
         for d576 in (False, True):
-            name = ("quarters" if quarters else "stagger" if stagger else "seesaw") + \
-                (" d576" if d576 else " d512")
+            name = ("stagger" if stagger else "seesaw") + (" d576" if d576 else " d512")
             for n_tiles in range(0, 9):
-                rng = random.Random(1000 * n_tiles + 10 * stagger + 100 * quarters + d576)
+                rng = random.Random(1000 * n_tiles + 10 * stagger + d576)
                 try:
                     for _ in range(args.schedules):
-                        run_one(n_tiles, stagger, d576, rng, quarters=quarters)
+                        run_one(n_tiles, stagger, d576, rng)
                     print(f"{name:13s} tiles {n_tiles}: {args.schedules} schedules, no finding")
                 except Finding as f:
                     bad += 1

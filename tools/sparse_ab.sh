@@ -11,8 +11,7 @@
 #                                  one device call: the machine is released 30 s after a call)
 #
 # Settings (environment; defaults in brackets: the A/Bs waiting for a device, 2026-12-06, session 28):
-#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_QUARTERS=1 (the quarter-stage
-#                barriers, the default until ba8c9eb) OPENMLA_SPARSE_STAGGER=0 (the earlier orders)]
+#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_STAGGER=0 (the earlier orders)]
 #   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
 #   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_RING=2 (two decoding
 #                warpgroups) twice (the second place is the one to compare: docs/benchmarking.md),
@@ -50,27 +49,24 @@ bench="$ROOT/bench/sparse_decode_vs_flashmla.py"
 # so a deadlock costs no benchmark step its whole time limit.
 failed_switches=""
 if [[ -f "$OUT/summary.txt" ]]; then
-  # (OPENMLA_SPARSE_L2HINT=1 and OPENMLA_SPARSE_QUARTERS=1 run the stagger too)
-  grep -q "^gpu_tests_stagger *FAIL" "$OUT/summary.txt" && failed_switches+=" STAGGER L2HINT QUARTERS"
-  grep -q "^gpu_tests_quarters *FAIL" "$OUT/summary.txt" && failed_switches+=" QUARTERS"
-  grep -q "^gpu_tests_l2hint *FAIL" "$OUT/summary.txt" && failed_switches+=" L2HINT"
-  grep -q "^gpu_tests_stream2 *FAIL" "$OUT/summary.txt" && failed_switches+=" STREAM"
-  grep -q "^gpu_tests_groups *FAIL" "$OUT/summary.txt" && failed_switches+=" GROUPS"
-  grep -q "^gpu_tests_fp4_swap *FAIL" "$OUT/summary.txt" && failed_switches+=" FP4_SWAP"
-  grep -q "^gpu_tests_ring *FAIL" "$OUT/summary.txt" && failed_switches+=" RING"
-  grep -q "^gpu_tests_ring_wide *FAIL" "$OUT/summary.txt" && failed_switches+=" RING"
+  # (each entry is the start of the settings it rules out)
+  grep -q "^gpu_tests_stagger *FAIL" "$OUT/summary.txt" && failed_switches+=" STAGGER="
+  grep -q "^gpu_tests_stream *FAIL" "$OUT/summary.txt" && failed_switches+=" STREAM="
+  grep -q "^gpu_tests_groups *FAIL" "$OUT/summary.txt" && failed_switches+=" GROUPS="
+  grep -q "^gpu_tests_ring *FAIL" "$OUT/summary.txt" && failed_switches+=" RING=1"
+  grep -q "^gpu_tests_ring_wide.* *FAIL" "$OUT/summary.txt" && failed_switches+=" RING=2"
 fi
 ab_args() {
   local a f
   for a in $1; do
-    for f in $failed_switches; do [[ "$a" == *"OPENMLA_SPARSE_$f="* ]] && continue 2; done
+    for f in $failed_switches; do [[ "$a" == *"OPENMLA_SPARSE_$f"* ]] && continue 2; done
     printf -- '--ab %s ' "$a"
   done
 }
 [[ -n "$failed_switches" ]] && echo "left out (their GPU tests failed):$failed_switches" | tee "$OUT/ab_prefill.txt"
 
 if [[ "${PREFILL:-1}" != 0 ]]; then
-  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_QUARTERS=1 OPENMLA_SPARSE_STAGGER=0}")"
+  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_STAGGER=0}")"
   lim=$(left); [[ $lim -gt 240 ]] && lim=240
   timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
     >>"$OUT/ab_prefill.txt" 2>&1

@@ -27,9 +27,8 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
       default:
         plan.stream = 0;
     }
-    if (sw.stream >= 0 && sw.stream <= 2) plan.stream = sw.stream;
+    if (sw.stream == 0 || sw.stream == 1) plan.stream = sw.stream;
   }
-  plan.fp4_swap = sw.fp4_swap == 1;
   // The ring fill (a fill built for one format, unpaired) where it measured faster (H100, 41d2508
   // and 0dd750d, same runs): the fp8 formats' sparse grids of 4 or more tiles a split
   // (1.01-1.10x), and the dense mode over fp8_model1 / fp8_mx with 4-32 tiles a split
@@ -53,16 +52,13 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   // 0.97-1.01x on prefill and 0.87x on bf16 decode, which keep the first order), and for prefill
   // its staggered form (1.04-1.10x; ef2b6f2).
   const bool prefill_stagger = shape.prefill && sw.stagger != 0;
-  const bool l2_hint = sw.l2_hint == 1;
   // (Quarter-stage barriers were prefill's default at d 576 until the group fill: with it the
-  // half-stage barriers measured 1.12-1.16x faster, H100, 0dd750d.)
-  const bool quarters = sw.quarters == 1;
-  const bool stagger = sw.stagger == 1 || l2_hint || quarters || prefill_stagger;
+  // half-stage barriers measured 1.12-1.16x faster, H100, 0dd750d; the quarters and an L2 hint
+  // (+-0.5%) are gone since, sparse_prefill/NOTES.md.)
+  const bool stagger = sw.stagger == 1 || prefill_stagger;
   plan.seesaw = !quantised && !shape.dense_mode && shape.bf16_async &&
                 (shape.d_qk == 512 || shape.m_blocks == 1 || stagger) && sw.seesaw != 0;
   plan.stagger = plan.seesaw && stagger;
-  plan.l2_hint = plan.stagger && l2_hint;
-  plan.quarters = plan.stagger && quarters;
   // bf16 rows by 8-lane groups (sparse mode): prefill's default (1.09-1.24x) and bf16 decode's
   // (1.07-1.18x, H100, 41d2508, same run).
   plan.group_fill = !quantised && !shape.dense_mode && shape.bf16_async && sw.groups != 0;

@@ -25,16 +25,13 @@ struct SparseKernelShape {
   int tiles_per_split = 0;  // the most 64-key tiles a CTA walks (the split plan's)
 };
 
-// An environment switch: unset, or forced off / on (or to a form, for `stream`).
+// An environment switch: unset, or forced off / on (or to a form, for `ring`).
 struct SparseKernelSwitches {
   int stagger = -1;   // OPENMLA_SPARSE_STAGGER
-  int quarters = -1;  // OPENMLA_SPARSE_QUARTERS
-  int l2_hint = -1;   // OPENMLA_SPARSE_L2HINT
   int seesaw = -1;    // OPENMLA_SPARSE_SEESAW
   int groups = -1;    // OPENMLA_SPARSE_GROUPS
-  int stream = -1;    // OPENMLA_SPARSE_STREAM (0, 1, 2)
+  int stream = -1;    // OPENMLA_SPARSE_STREAM
   int pair = -1;      // OPENMLA_SPARSE_PAIR
-  int fp4_swap = -1;  // OPENMLA_SPARSE_FP4_SWAP
   int ring = -1;      // OPENMLA_SPARSE_RING (0, 1, 2)
   bool generic_fill = false;  // OPENMLA_SPARSE_FILL=generic
 };
@@ -42,14 +39,11 @@ struct SparseKernelSwitches {
 struct SparseKernelPlan {
   bool fill_for_format = false;  // the token fill built for `format` (else it reads the format)
   bool pair = false;             // a 2-CTA cluster decodes each tile once
-  int stream = 0;                // the token fill's rounds: 0 one by one, 1/2 streamed
-  bool fp4_swap = false;         // fp4's stores in the conflict-free order
+  int stream = 0;                // the token fill's rounds: 0 one by one, 1 streamed
   int ring = 0;                  // the ring fill's kernel (raw bytes by cp.async, one bf16
                                  // stage): 1, or 2 with two decoding warpgroups; 0 not
   bool seesaw = false;           // compute warpgroups in the seesaw order
   bool stagger = false;          // ... with staggered maxima
-  bool quarters = false;         // ... with a barrier pair a quarter-stage
-  bool l2_hint = false;          // ... with evict-last, 256 B L2 prefetch copies
   bool group_fill = false;       // bf16 rows by 8-lane groups
 };
 

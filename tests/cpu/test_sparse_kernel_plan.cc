@@ -29,17 +29,16 @@ TEST(SparseKernelPlan, PrefillRunsTheStaggerAndTheGroupFill) {
   for (int m : {1, 2}) {
     const SparseKernelPlan d512 = plan_sparse_kernel(bf16(512, m, true), {});
     EXPECT_TRUE(d512.seesaw && d512.stagger && d512.group_fill);
-    EXPECT_FALSE(d512.quarters || d512.l2_hint || d512.pair);
+    EXPECT_FALSE(d512.pair);
     const SparseKernelPlan d576 = plan_sparse_kernel(bf16(576, m, true), {});
     EXPECT_TRUE(d576.seesaw && d576.stagger && d576.group_fill);
-    EXPECT_FALSE(d576.quarters || d576.l2_hint);  // half-stage barriers with the group fill
   }
 }
 
 TEST(SparseKernelPlan, Bf16DecodeKeepsThePlainOrdersWithTheGroupFill) {
   const SparseKernelPlan d512 = plan_sparse_kernel(bf16(512, 2, false), {});
   EXPECT_TRUE(d512.seesaw && d512.group_fill);
-  EXPECT_FALSE(d512.stagger || d512.quarters);
+  EXPECT_FALSE(d512.stagger);
   EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), {}).group_fill);
   const SparseKernelPlan d576_h64 = plan_sparse_kernel(bf16(576, 1, false), {});
   EXPECT_TRUE(d576_h64.seesaw);
@@ -71,7 +70,7 @@ TEST(SparseKernelPlan, TheTokenFillStreamsWhereItMeasuredFaster) {
   EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, 1, true), {}).stream, 0);
   // Quantised grids never take the bf16 orders or fills.
   const SparseKernelPlan q = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1), {});
-  EXPECT_FALSE(q.seesaw || q.group_fill || q.fp4_swap);
+  EXPECT_FALSE(q.seesaw || q.group_fill);
   EXPECT_TRUE(q.fill_for_format);
 }
 
@@ -88,21 +87,11 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   SparseKernelSwitches sw;
   sw.stagger = 0;  // prefill's earlier orders
   const SparseKernelPlan plain = plan_sparse_kernel(bf16(576, 2, true), sw);
-  EXPECT_FALSE(plain.seesaw || plain.stagger || plain.quarters);
+  EXPECT_FALSE(plain.seesaw || plain.stagger);
   EXPECT_TRUE(plan_sparse_kernel(bf16(512, 1, true), sw).seesaw);
   sw = {};
-  sw.quarters = 0;  // the stagger with half-stage barriers (the default)
-  const SparseKernelPlan halves = plan_sparse_kernel(bf16(576, 1, true), sw);
-  EXPECT_TRUE(halves.stagger);
-  EXPECT_FALSE(halves.quarters);
-  sw = {};
-  sw.quarters = 1;
-  EXPECT_TRUE(plan_sparse_kernel(bf16(512, 1, true), sw).quarters);
-  EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, true), sw).quarters);
-  EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), sw).seesaw);  // decode too
-  sw = {};
-  sw.l2_hint = 1;
-  EXPECT_TRUE(plan_sparse_kernel(bf16(512, 1, false), sw).l2_hint);
+  sw.stagger = 1;  // the stagger on bf16 decode too
+  EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), sw).stagger);
   sw = {};
   sw.seesaw = 0;
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, true), sw).seesaw);
@@ -112,7 +101,7 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 2, false), sw).group_fill);
   sw.groups = 1;
   EXPECT_TRUE(plan_sparse_kernel(bf16(576, 2, false), sw).group_fill);
-  for (int form : {0, 1, 2}) {
+  for (int form : {0, 1}) {
     sw = {};
     sw.stream = form;
     EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, 1), sw).stream, form);
@@ -121,9 +110,6 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   sw = {};
   sw.pair = 0;
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), sw).pair);
-  sw = {};
-  sw.fp4_swap = 1;
-  EXPECT_TRUE(plan_sparse_kernel(quantised(F::kFP4, 512, 1), sw).fp4_swap);
   sw = {};
   sw.generic_fill = true;
   sw.ring = 1;  // (the ring needs the fill built for one format)

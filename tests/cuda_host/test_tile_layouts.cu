@@ -13,9 +13,9 @@ using namespace cute;
 using Pv256 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 512, 256>::TiledMmaPV;
 using Pv128 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 512, 128>::TiledMmaPV;
 
-// sparse_decode/kernel.cuh pv_by_quarters runs a warpgroup's 64 x 256 P V as two 64 x 128 groups
-// whose accumulators are the 64 x 256 accumulator's values 0-63 and 64-127, and feeds both the P
-// fragment partitioned for the 64 x 256 atom. Every thread's values must then land on the same
+// sparse_decode/kernel.cuh gemm_pv_by_round_128 (the two-warpgroup ring) runs a warpgroup's
+// 64 x 256 P V as two 64 x 128 groups whose accumulators are the 64 x 256 accumulator's values
+// 0-63 and 64-127, and feeds both the P fragment partitioned for the 64 x 256 atom. Every thread's values must then land on the same
 // (row, column) either way.
 TEST(TileLayouts, PvAccumulatorIsTwoHalfWidthAccumulatorsBackToBack) {
   Pv256 m256;
@@ -48,7 +48,7 @@ TEST(TileLayouts, PFragmentIsTheSameForBothPvWidths) {
   }
 }
 
-// The producers (sparse_decode/producer.cuh: every fill, halves and quarters alike) write key k's
+// The producers (sparse_decode/producer.cuh: every fill, by tile, half or round) write key k's
 // dims [8 c, 8 c + 8) of 64-dim piece p at byte p * 8192 + 128 k + 16 (c ^ (k % 8)) of a stage: the
 // K tile's layout (128 B swizzle), which QK^T and P V read. Checked element by element.
 TEST(TileLayouts, ProducerAddressesAreTheKTileLayout) {
@@ -74,8 +74,8 @@ TEST(TileLayouts, ProducerAddressesAreTheKTileLayout) {
 }
 
 // P V reads V as the K tile's bytes transposed (MN-major): the 256-dim view of a warpgroup's half
-// (pieces 4 wg ..) and pv_by_quarters' 128-dim views (pieces 4 wg + 2 q ..) must address, for
-// every (dim, key), the byte the K tile holds key's dim at.
+// (pieces 4 wg ..) and gemm_pv_by_round_128's 128-dim views (pieces 4 wg + 2 q ..) must address,
+// for every (dim, key), the byte the K tile holds key's dim at.
 TEST(TileLayouts, VViewsAreTheKTileTransposed) {
   using Tiles256 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 576, 256>;
   using Tiles128 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 576, 128>;

@@ -17,7 +17,7 @@
 // decodes half of every tile into both CTAs' stages. bf16 tiles (bf16 caches, sparse prefill's
 // kv) may run the seesaw order instead (traits.h kSeesaw; consume below): each compute
 // warpgroup computes S for alternate tiles and both tiles' P V for its half of d_v (staggered
-// maxima with kStagger, barriers a quarter-stage with kQuarters: A/B switches). A split that is
+// maxima with kStagger). A split that is
 // the problem's only one writes out (bf16, attention sink applied) and lse; otherwise its
 // normalised fp32 partial and lse go to the workspace for the combine kernel (launch.cu).
 #pragma once
@@ -145,34 +145,6 @@ __device__ __forceinline__ void* seesaw_p_buffer(typename Traits::SharedStorage&
   }
 }
 
-// O += P V over one stage's half of d_v as two 64 x 128 groups (the quarter-stage stagger), each
-// quarter handed back (`empty[0]`, `empty[1]`) as soon as its group completes. O's accumulator
-// is the two groups' accumulators back to back (columns 0-127 are its first 64 values).
-template <class Traits, class Mma, class TP, class TV, class TO>
-__device__ __forceinline__ void pv_by_quarters(Mma& mma, TP& tOrP, TV const& tOrV128,
-                                               uint32_t stage_bytes, TO& tOrO, uint64_t* empty,
-                                               int lane) {
-  using namespace cute;
-  auto layout = partition_fragment_C(mma, Shape<Int<64>, Int<128>>{}).layout();
-  static_assert(decltype(size(layout))::value * 2 == decltype(size(tOrO))::value);
-  Tensor o0 = make_tensor(tOrO.data(), layout);
-  Tensor o1 = make_tensor(tOrO.data() + decltype(size(layout))::value, layout);
-  warpgroup_fence_operand(tOrP);
-  warpgroup_fence_operand(tOrO);
-  warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::One;
-  gemm(mma, tOrP, at_offset(tOrV128, stage_bytes), o0);
-  warpgroup_commit_batch();
-  gemm(mma, tOrP, at_offset(tOrV128, stage_bytes + 2 * Traits::kPieceBytes), o1);
-  warpgroup_commit_batch();
-  warpgroup_wait<1>();
-  release_stage(&empty[0], lane, false);
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(tOrO);
-  warpgroup_fence_operand(tOrP);
-  release_stage(&empty[1], lane, false);
-}
-
 // The ring fill's P V by round (attention/mma.cuh gemm_pv_by_round) as 64 x 128 groups: with two
 // producer warpgroups (512 threads) the kernel is compiled for 128 registers a thread, too few
 // for one 64 x 256 wgmma's operands, though WG0 and WG1 run with more (setmaxnreg).
@@ -225,7 +197,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   Tensor tOrV = thr_pv.partition_fragment_B(
       make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
                   typename Traits::SmemLayoutV{}));  // (MMA,1,4)
-  // The quarter-stage stagger's P V: two 64 x 128 groups over a warpgroup's half of d_v.
+  // The two-warpgroup ring's P V: two 64 x 128 groups over a warpgroup's half of d_v.
   typename Traits::TiledMmaPV128 mma_pv128;
   auto tOrV128 = mma_pv128.get_thread_slice(t).partition_fragment_B(
       make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
@@ -310,55 +282,19 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     // its row maxima. The owner's QK^T is then done with the half its PVs do not read. Each wait
     // sits on the one path through, so ptxas sees no wgmma in flight past it (C7515).
     auto own_qk = [&](int phase, float (&mx)[2]) {
-      if constexpr (Traits::kQuarters) {
-        // A group a quarter, each issued as soon as its quarter lands (WG0: L's two, then R's;
-        // WG1: R's, then L's).
-        uint64_t* full = &smem.full[4 * own];
-        auto quarter = [&](auto qc, bool first) {
-          constexpr int kQ = decltype(qc)::value;
-          constexpr int k0 = 8 * kQ, k1 = kQ == 3 ? Traits::kHeadDimQK / 16 : 8 * kQ + 8;
-          wait_full(&full[kQ], phase, false);
-          warpgroup_arrive();
-          auto tSrK_s = at_offset(tSrK, own * Traits::kStageBytes);
-#pragma unroll
-          for (int k = k0; k < k1; ++k) {
-            mma_qk.accumulate_ = first && k == k0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-            gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
-          }
-          warpgroup_commit_batch();
-        };
-        warpgroup_fence_operand(tSrS);
-        if (wg == 0) {
-          quarter(std::integral_constant<int, 0>{}, true);
-          quarter(std::integral_constant<int, 1>{}, false);
-          quarter(std::integral_constant<int, 2>{}, false);
-          quarter(std::integral_constant<int, 3>{}, false);
-        } else {
-          quarter(std::integral_constant<int, 2>{}, true);
-          quarter(std::integral_constant<int, 3>{}, false);
-          quarter(std::integral_constant<int, 0>{}, false);
-          quarter(std::integral_constant<int, 1>{}, false);
-        }
-      } else {
-        wait_full(&smem.full[2 * own + first_half], phase, false);
-        warpgroup_fence_operand(tSrS);
-        warpgroup_arrive();
-        qk_first();
-        warpgroup_commit_batch();
-        wait_full(&smem.full[2 * own + second_half], phase, false);
-        warpgroup_arrive();
-        qk_second();
-        warpgroup_commit_batch();
-      }
+      wait_full(&smem.full[2 * own + first_half], phase, false);
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      qk_first();
+      warpgroup_commit_batch();
+      wait_full(&smem.full[2 * own + second_half], phase, false);
+      warpgroup_arrive();
+      qk_second();
+      warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       const uint64_t valid = stage_valid(smem.valid[own]);  // written with the R half (last part)
-      if constexpr (Traits::kQuarters) {
-        release_stage(&smem.empty[4 * own + 2 * (pv_half ^ 1)], lane, false);
-        release_stage(&smem.empty[4 * own + 2 * (pv_half ^ 1) + 1], lane, false);
-      } else {
-        release_stage(&smem.empty[2 * own + (pv_half ^ 1)], lane, false);
-      }
+      release_stage(&smem.empty[2 * own + (pv_half ^ 1)], lane, false);
       if (valid != ~0ull) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -407,13 +343,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
           for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
           rescale_rows(O, factor);
-          if constexpr (Traits::kQuarters) {
-            pv_by_quarters<Traits>(mma_pv128, tOrP, tOrV128, 0, tOrO, &smem.empty[0], lane);
-          } else {
-            gemm_pv(mma_pv, tOrP, tOrV, tOrO);
-            wait_pv(tOrO, tOrP);
-            release_stage(&smem.empty[0], lane, false);  // L0
-          }
+          gemm_pv(mma_pv, tOrP, tOrV, tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[0], lane, false);  // L0
           bar_sync(kBarMaxFinal, 256);  // WG1's final max of the round
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
@@ -425,14 +357,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           rescale_rows_if(O, factor);
           bar_sync(kBarP1, 256);
           load_p(seesaw_p_buffer<Traits>(smem, 1), tOrP, t);
-          if constexpr (Traits::kQuarters) {
-            pv_by_quarters<Traits>(mma_pv128, tOrP, tOrV128, Traits::kStageBytes, tOrO,
-                                   &smem.empty[4], lane);
-          } else {
-            gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
-            wait_pv(tOrO, tOrP);
-            release_stage(&smem.empty[2], lane, false);  // L1
-          }
+          gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[2], lane, false);  // L1
         } else {
           bar_sync(kBarMax, 256);  // WG0's max of the round
           float pscale[2];
@@ -457,14 +384,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
           for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
           rescale_rows(O, factor);
-          if constexpr (Traits::kQuarters) {
-            pv_by_quarters<Traits>(mma_pv128, tOrP, tOrV128, Traits::kStageBytes, tOrO,
-                                   &smem.empty[6], lane);
-          } else {
-            gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
-            wait_pv(tOrO, tOrP);
-            release_stage(&smem.empty[3], lane, false);  // R1
-          }
+          gemm_pv(mma_pv, tOrP, at_offset(tOrV, Traits::kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[3], lane, false);  // R1
           bar_sync(kBarP0, 256);
           load_p(seesaw_p_buffer<Traits>(smem, 0), tOrP, t);
           if (__any_sync(0xffffffffu, pscale[0] != 1.f || pscale[1] != 1.f)) {
@@ -481,13 +403,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
               P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
             }
           }
-          if constexpr (Traits::kQuarters) {
-            pv_by_quarters<Traits>(mma_pv128, tOrP, tOrV128, 0, tOrO, &smem.empty[2], lane);
-          } else {
-            gemm_pv(mma_pv, tOrP, tOrV, tOrO);
-            wait_pv(tOrO, tOrP);
-            release_stage(&smem.empty[1], lane, false);  // R0
-          }
+          gemm_pv(mma_pv, tOrP, tOrV, tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[1], lane, false);  // R0
         }
       }
     } else {
@@ -808,17 +726,8 @@ __device__ __forceinline__ void produce_codec(const SparseDecodeParams& p,
                                               typename Traits::SharedStorage& smem, int problem,
                                               int split) {
   using namespace sparse_decode_detail;
-  // 1: streamed, each round's loop the fast decode alone where its scales allow; 2: streamed,
-  // each chunk choosing its decode path (the A/B of the split)
-  if (p.stream == 1) {
-    return produce_by_token_stream<Traits, kPair, kCodec, true>(p, smem, problem, split);
-  }
-  if (p.stream == 2) {
-    return produce_by_token_stream<Traits, kPair, kCodec, false>(p, smem, problem, split);
-  }
-  if constexpr (kCodec == static_cast<int>(kvcodec::Codec::kFP4)) {
-    if (p.fp4_swap) return produce_by_token<Traits, kPair, kCodec, true>(p, smem, problem, split);
-  }
+  // 1: streamed, each round's loop the fast decode alone where its scales allow
+  if (p.stream == 1) return produce_by_token_stream<Traits, kPair, kCodec>(p, smem, problem, split);
   produce_by_token<Traits, kPair, kCodec>(p, smem, problem, split);
 }
 
@@ -916,16 +825,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if constexpr (Traits::kRing) {
       produce_ring<Traits>(params, smem, problem, split);
     } else if constexpr (Traits::kSeesaw) {
-      // The L2 hint only in the stagger's kernel: the measured kernels stay as they were.
-      if constexpr (Traits::kStagger) {
-        if (params.l2_hint) {
-          produce_halves<Traits, true>(params, smem, problem, split);
-        } else {
-          produce_halves<Traits, false>(params, smem, problem, split);
-        }
-      } else {
-        produce_halves<Traits, false>(params, smem, problem, split);
-      }
+      produce_halves<Traits>(params, smem, problem, split);
     } else if (pair) {
       produce_quantised<Traits, true>(params, smem, problem, split);
     } else if (params.by_token) {
@@ -973,10 +873,10 @@ cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStre
   // Two decoding warpgroups (traits.h kRing_ 2).
   if (params.ring == 2) {
     return launch_sparse_decode_traits<
-        SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, 2>>(params, stream);
+        SparseDecodeTraits<kHeadDimQK, kDense, false, false, 2>>(params, stream);
   }
   return launch_sparse_decode_traits<
-      SparseDecodeTraits<kHeadDimQK, kDense, false, false, false, 1>>(params, stream);
+      SparseDecodeTraits<kHeadDimQK, kDense, false, false, 1>>(params, stream);
 }
 
 // Compiled in instantiations/ring_*.cu only (a kernel per d_qk and mode, built in parallel).
@@ -991,10 +891,6 @@ template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
   if (params.ring > 0) return launch_sparse_decode_ring<kHeadDimQK, kDense>(params, stream);
   if constexpr (!kDense) {
-    if (params.seesaw && params.stagger && params.quarters) {
-      return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true, true, true>>(
-          params, stream);
-    }
     if (params.seesaw && params.stagger) {
       return launch_sparse_decode_traits<SparseDecodeTraits<kHeadDimQK, false, true, true>>(
           params, stream);

@@ -40,13 +40,10 @@ int env_switch(const char* name) {
 core::SparseKernelSwitches env_switches() {
   core::SparseKernelSwitches sw;
   sw.stagger = env_switch("OPENMLA_SPARSE_STAGGER");
-  sw.quarters = env_switch("OPENMLA_SPARSE_QUARTERS");
-  sw.l2_hint = env_switch("OPENMLA_SPARSE_L2HINT");
   sw.seesaw = env_switch("OPENMLA_SPARSE_SEESAW");
   sw.groups = env_switch("OPENMLA_SPARSE_GROUPS");
   sw.stream = env_switch("OPENMLA_SPARSE_STREAM");
   sw.pair = env_switch("OPENMLA_SPARSE_PAIR");
-  sw.fp4_swap = env_switch("OPENMLA_SPARSE_FP4_SWAP");
   sw.ring = env_switch("OPENMLA_SPARSE_RING");
   sw.generic_fill = env_is("OPENMLA_SPARSE_FILL", "generic");
   return sw;
@@ -285,12 +282,9 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.fill_codec = form.fill_for_format ? p.cache[0].codec : -1;
   p.pair = form.pair;
   p.stream = form.stream;
-  p.fp4_swap = form.fp4_swap;
   p.ring = form.ring;
   p.seesaw = form.seesaw;
   p.stagger = form.stagger;
-  p.quarters = form.quarters;
-  p.l2_hint = form.l2_hint;
   p.group_fill = form.group_fill;
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;

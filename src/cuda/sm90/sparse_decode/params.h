@@ -91,14 +91,10 @@ struct SparseDecodeParams {
   bool pair;            // by_token, one codec, m_blocks even: 2-CTA clusters share the decoding
                         // (pair.cuh)
   bool stagger;         // seesaw: with staggered maxima (OPENMLA_SPARSE_STAGGER=1, A/B runs)
-  bool l2_hint;         // stagger: its producer's copies keep rows in L2 (OPENMLA_SPARSE_L2HINT=1)
-  bool quarters;        // stagger: a barrier pair a quarter-stage (OPENMLA_SPARSE_QUARTERS=1)
   bool group_fill;      // seesaw: bf16 rows by 8-lane groups, 4 keys a warp instruction
                         // (prefill's default; OPENMLA_SPARSE_GROUPS; producer.cuh)
-  bool fp4_swap;        // fp4's round-by-round fill stores without bank conflicts
-                        // (OPENMLA_SPARSE_FP4_SWAP=1; producer.cuh store_token)
-  int stream;           // fill_codec >= 0: the streaming token fill, 1 with the per-round fast
-                        // loop, 2 without, 0 off (launch.cu; OPENMLA_SPARSE_STREAM; producer.cuh)
+  int stream;           // fill_codec >= 0: the streaming token fill 1, 0 off (launch.cu;
+                        // OPENMLA_SPARSE_STREAM; producer.cuh)
   int ring;             // fill_codec >= 0, unpaired: the ring fill's kernel (traits.h kRing;
                         // producer.cuh produce_by_ring), 2 with two decoding warpgroups; 0 off
 };

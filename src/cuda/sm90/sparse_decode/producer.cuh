@@ -348,12 +348,6 @@ __device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void cp_async16_u32_l2(uint32_t dst, const void* src, bool valid,
-                                                  uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(dst),
-               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
-}
 template <int kBytes>
 __device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
@@ -365,11 +359,6 @@ __device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid)
                  "r"(valid ? 4 : 0) : "memory");
   }
 }
-// The same, 16 bytes, with an L2 cache policy (createpolicy) and a 256 B L2 prefetch.
-__device__ __forceinline__ void cp_async_l2(char* dst, const void* src, bool valid,
-                                            uint64_t policy) {
-  cp_async16_u32_l2(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid, policy);
-}
 // A 64-bit warp shuffle as volatile asm: it stays after the barrier wait before it (ptxas moves
 // plain shuffles above the wait, holding every fill's addresses across it: spills at the
 // seesaw producer's 40 registers).
@@ -380,11 +369,6 @@ __device__ __forceinline__ uint64_t shfl_after_wait(uint64_t v, int src_lane) {
                : "+r"(lo), "+r"(hi)
                : "r"(src_lane));
   return (static_cast<uint64_t>(hi) << 32) | lo;
-}
-__device__ __forceinline__ uint64_t l2_evict_last_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
 }
 // The mbarrier also waits for this thread's cp.asyncs so far (no change to its arrival count:
 // the pending count goes up now and down when they land), as CUTLASS's cp.async pipelines do.
@@ -524,11 +508,9 @@ __device__ __forceinline__ void copy_rope_async(const SparseCacheParams& c, int 
 // A thread's quarter of one key, decoded into the stage. An invalid key's raw words are zeros
 // (never loaded): zero codes times a zero (or e8m0 2^-127) scale decode to zeros, so no select.
 // A quarter-warp's 8 lanes are 2 keys (rows of different parity) x 4 quarters: 8 different
-// 16 B bank groups a store.
-// kFp4Swap (OPENMLA_SPARSE_FP4_SWAP=1): lanes q = 2, 3 store an fp4 chunk's halves in the other
-// order, so the 8 lanes of a quarter-warp (2 keys x 4 quarters) store into 8 different 16 B bank
-// groups; in the first order q and q + 2 hit the same group in different pieces (2-way).
-template <int D, int kCodec, bool kPair, bool kFp4Swap = false>
+// 16 B bank groups a store (fp4: 2-way; storing lanes q = 2, 3's halves in the other order
+// measured no faster, sparse_decode/NOTES.md).
+template <int D, int kCodec, bool kPair>
 __device__ __forceinline__ void store_token(const SparseCacheParams& c, const TokenRaw& t, int q,
                                             const StageDst& stage, int row) {
   const int codec = codec_of<kCodec>(c);
@@ -558,8 +540,7 @@ __device__ __forceinline__ void store_token(const SparseCacheParams& c, const To
     for (int e = 0; e < 4; ++e) {
       const uint32_t w = (q >> 1) ? t.s[2 * e + 1] : t.s[2 * e];  // a select, no dynamic index
 #pragma unroll
-      for (int h0 = 0; h0 < 2; ++h0) {
-        const int h = kFp4Swap ? h0 ^ (q >> 1) : h0;
+      for (int h = 0; h < 2; ++h) {
         RawKey r;
         r.w[0] = h == 0 ? t.d[e].x : t.d[e].z;
         r.w[1] = h == 0 ? t.d[e].y : t.d[e].w;
@@ -643,7 +624,7 @@ __device__ __forceinline__ void hand_over_token_stage(typename Traits::SharedSto
 
 // kPair (pair.cuh): this CTA decodes only round `rank` of each tile (32 keys) and stores it into
 // both CTAs' stages; the RoPE copies (cp.async, local only) still cover both rounds.
-template <class Traits, bool kPair, int kCodec, bool kFp4Swap = false>
+template <class Traits, bool kPair, int kCodec>
 __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
                                                  typename Traits::SharedStorage& smem, int problem,
                                                  int split) {
@@ -708,7 +689,7 @@ __device__ __forceinline__ void produce_by_token(const SparseDecodeParams& p,
                            row0 + 32 * (r ^ 1));
       }
       copy_rope_async<D, kCodec>(c, slot, ok, q, dst.local, row0 + 32 * r);
-      store_token<D, kCodec, false, kFp4Swap>(c, t, q, dst, row0 + 32 * r);
+      store_token<D, kCodec, false>(c, t, q, dst, row0 + 32 * r);
       store_round_mask(ok, lane, &smem.valid[stage][4 * r + warp]);
     }
     hand_over_token_stage<Traits, kPair, kCodec>(smem, stage, dst, warp, lane, rank);
@@ -859,9 +840,9 @@ __device__ __forceinline__ void stream_store_chunk_fast(const uint4& raw, const 
 }
 
 // produce_by_token with the rounds streamed (above); the same stages, barriers, masks, RoPE
-// copies, L2 prefetch and (kPair) exchange. kSplit: a round whose scales all take the fast path
-// (stream_fast) runs a loop of the fast path alone; otherwise each chunk picks (as before).
-template <class Traits, bool kPair, int kCodec, bool kSplit>
+// copies, L2 prefetch and (kPair) exchange. A round whose scales all take the fast path
+// (stream_fast) runs a loop of the fast path alone; otherwise each chunk picks.
+template <class Traits, bool kPair, int kCodec>
 __device__ __forceinline__ void produce_by_token_stream(const SparseDecodeParams& p,
                                                         typename Traits::SharedStorage& smem,
                                                         int problem, int split) {
@@ -933,7 +914,7 @@ __device__ __forceinline__ void produce_by_token_stream(const SparseDecodeParams
         copy_rope_async<D, kCodec>(c, other, valid(c, other), q, dst.local, row0 + 32 * (r ^ 1));
       }
       copy_rope_async<D, kCodec>(c, slot, ok, q, dst.local, row0 + 32 * r);
-      if (kSplit && stream_fast<D, kCodec>(s)) {
+      if (stream_fast<D, kCodec>(s)) {
 #pragma unroll
         for (int e = 0; e < kChunks; ++e) {
           stream_store_chunk_fast<D, kCodec>(raw[e], s, e, q, dst, row0 + 32 * r);
@@ -1449,7 +1430,7 @@ __device__ __forceinline__ void produce(const SparseDecodeParams& p,
 // they are freed: L0, R1, R0, L1. Warp w fills keys 16 w .. 16 w + 15 of both tiles: lanes
 // 0-15 own the even tile's keys, lanes 16-31 the odd tile's; a key's half is one 16 B copy a
 // lane (512 contiguous bytes a warp instruction), plus the 128 B RoPE by 8 lanes.
-template <class Traits, bool kL2Hint>
+template <class Traits>
 __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
                                                typename Traits::SharedStorage& smem, int problem,
                                                int split) {
@@ -1464,15 +1445,6 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
     return kk < n_tiles ? slot_of<false>(p, tile_at(keys, range.x + kk), keys, my_key) : -1;
   };
   int slot = slot_at(my_tile);
-  // kL2Hint (params.l2_hint): the rows stay in L2 for the other query tokens that gather them.
-  const uint64_t policy = kL2Hint ? l2_evict_last_policy() : 0;
-  auto copy16 = [&](char* dst, const void* src, bool ok) {
-    if constexpr (kL2Hint) {
-      cp_async_l2(dst, src, ok, policy);
-    } else {
-      cp_async<16>(dst, src, ok);
-    }
-  };
   for (int it = 0; 2 * it < n_tiles; ++it) {
     const int kk = 2 * it + my_tile;
     const int next = slot_at(kk + 2);  // the next round's index, in flight during this one
@@ -1499,10 +1471,12 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
         const bool ok = (mask >> key) & 1u;
         char* r = rows + key * 128;
         const int sw = key & 7;  // the row's 128 B swizzle (16 w is a multiple of 8)
-        copy16(r + (4 * h + (lane >> 3)) * 8192 + (((lane & 7) ^ sw) << 4),
-               row + 512 * h + 16 * lane, ok);
+        cp_async<16>(r + (4 * h + (lane >> 3)) * 8192 + (((lane & 7) ^ sw) << 4),
+                     row + 512 * h + 16 * lane, ok);
         if constexpr (D == 576) {
-          if (h == 1 && lane < 8) copy16(r + 8 * 8192 + ((lane ^ sw) << 4), row + 1024 + 16 * lane, ok);
+          if (h == 1 && lane < 8) {
+            cp_async<16>(r + 8 * 8192 + ((lane ^ sw) << 4), row + 1024 + 16 * lane, ok);
+          }
         }
       }
       if (h == 1 && lane == 0) {  // the stage's mask goes with its R half (read after R's wait)
@@ -1512,35 +1486,6 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
       cp_async_track(smem.full[2 * s + h]);
       __syncwarp();
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[2 * s + h]);
-    };
-    // Quarter `part` (dims 128 part ..; the last also d 576's RoPE piece) of tile 2 it + s into
-    // stage s (the quarter-stage stagger): two keys a warp instruction, 16 lanes a key.
-    auto fill_quarter = [&](int s, int part) {
-      cutlass::arch::ClusterBarrier::wait(&smem.empty[4 * s + part], (it & 1) ^ 1);
-      char* rows = reinterpret_cast<char*>(smem.k[s]) + 16 * warp * 128;
-      const uint32_t mask = (ballot >> (16 * s)) & 0xFFFFu;
-      const int c = lane & 15;  // this lane's 16-byte chunk of the quarter's 256 bytes
-#pragma unroll 2
-      for (int i = 0; i < 8; ++i) {
-        const int key = 2 * i + (lane >> 4);
-        const uint8_t* row = reinterpret_cast<const uint8_t*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(my_row), 16 * s + key));
-        const bool ok = (mask >> key) & 1u;
-        char* r = rows + key * 128;
-        const int sw = key & 7;
-        copy16(r + (2 * part + (c >> 3)) * 8192 + (((c & 7) ^ sw) << 4), row + 256 * part + 16 * c,
-               ok);
-        if constexpr (D == 576) {
-          if (part == 3 && c < 8) copy16(r + 8 * 8192 + ((c ^ sw) << 4), row + 1024 + 16 * c, ok);
-        }
-      }
-      if (part == 3 && lane == 0) {  // the mask goes with the last quarter
-        smem.valid[s][2 * warp] = mask & 0xFFu;
-        smem.valid[s][2 * warp + 1] = mask >> 8;
-      }
-      cp_async_track(smem.full[4 * s + part]);
-      __syncwarp();
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[4 * s + part]);
     };
     // The group fill (params.group_fill): lane (i, c) = (lane / 8, lane % 8) copies 16-byte chunk
     // c of every 128 B piece row of the warp's keys i + 4 j (j = 0 .. 3), so a warp instruction
@@ -1565,20 +1510,8 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
                              16 * cc;
         const uint32_t r = rows + 512 * j + ((cc ^ (gi | ((j & 1) << 2))) << 4);
 #pragma unroll
-        for (int e = 0; e < np; ++e) {
-          if constexpr (kL2Hint) {
-            cp_async16_u32_l2(r + (p0 + e) * 8192, row + (p0 + e) * 128, ok, policy);
-          } else {
-            cp_async16_u32(r + (p0 + e) * 8192, row + (p0 + e) * 128, ok);
-          }
-        }
-        if (D == 576 && rope) {
-          if constexpr (kL2Hint) {
-            cp_async16_u32_l2(r + 8 * 8192, row + 8 * 128, ok, policy);
-          } else {
-            cp_async16_u32(r + 8 * 8192, row + 8 * 128, ok);
-          }
-        }
+        for (int e = 0; e < np; ++e) cp_async16_u32(r + (p0 + e) * 8192, row + (p0 + e) * 128, ok);
+        if (D == 576 && rope) cp_async16_u32(r + 8 * 8192, row + 8 * 128, ok);
       }
       if (rope && lane == 0) {  // the stage's mask goes with its last part
         smem.valid[s][2 * warp] = mask & 0xFFu;
@@ -1589,30 +1522,10 @@ __device__ __forceinline__ void produce_halves(const SparseDecodeParams& p,
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[Traits::kParts * s + part]);
     };
     if (p.group_fill) {
-      if constexpr (Traits::kQuarters) {  // L0 R1 R0 L1 by quarters
-        fill_groups(0, 0, 0, 2, false);
-        fill_groups(0, 1, 2, 2, false);
-        fill_groups(1, 2, 4, 2, false);
-        fill_groups(1, 3, 6, 2, true);
-        fill_groups(0, 2, 4, 2, false);
-        fill_groups(0, 3, 6, 2, true);
-        fill_groups(1, 0, 0, 2, false);
-        fill_groups(1, 1, 2, 2, false);
-      } else {
-        fill_groups(0, 0, 0, 4, false);
-        if (odd) fill_groups(1, 1, 4, 4, true);
-        fill_groups(0, 1, 4, 4, true);
-        if (odd) fill_groups(1, 0, 0, 4, false);
-      }
-    } else if constexpr (Traits::kQuarters) {  // L0 R1 R0 L1 by quarters
-      fill_quarter(0, 0);
-      fill_quarter(0, 1);
-      fill_quarter(1, 2);
-      fill_quarter(1, 3);
-      fill_quarter(0, 2);
-      fill_quarter(0, 3);
-      fill_quarter(1, 0);
-      fill_quarter(1, 1);
+      fill_groups(0, 0, 0, 4, false);
+      if (odd) fill_groups(1, 1, 4, 4, true);
+      fill_groups(0, 1, 4, 4, true);
+      if (odd) fill_groups(1, 0, 0, 4, false);
     } else {
       fill(0, 0);
       if (odd) fill(1, 1);

@@ -24,15 +24,13 @@ namespace openmla::cuda::sm90 {
 // cp.async only, the sparse mode): each computes S for alternate tiles and both halves' P V, so
 // both hold S, P and half of O, and the producer, copies only, needs few registers.
 // kStagger_: the seesaw with staggered maxima (kernel.cuh consume; OPENMLA_SPARSE_STAGGER=1).
-// kQuarters_: the stagger with a barrier pair a quarter-stage (128 dims) instead of a half, its
-// P V as two 128-dim groups (OPENMLA_SPARSE_QUARTERS=1; sparse_prefill/NOTES.md lever 1b).
 // kRing_: 1 the ring fill (OPENMLA_SPARSE_RING=1; producer.cuh produce_by_ring): quantised
 // keys' raw bytes by cp.async into a ring of rounds (32 keys) in shared memory, decoded from there
 // into ONE bf16 stage whose two rounds have barriers of their own (kernel.cuh: S = Q K^T by
 // round); 2 the same decoded by two producer warpgroups (512 threads, 8 lanes a key;
 // OPENMLA_SPARSE_RING=2); 0 neither.
 template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
-          bool kQuarters_ = false, int kRing_ = 0>
+          int kRing_ = 0>
 struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
   using Element = cute::bfloat16_t;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -40,16 +38,14 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static constexpr bool kSeesaw = kSeesaw_;
   static constexpr bool kStagger = kStagger_;
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
-  static constexpr bool kQuarters = kQuarters_;
-  static_assert(kStagger || !kQuarters, "quarter-stage barriers serve the stagger");
   static constexpr bool kRing = kRing_ > 0;
   static_assert(kRing_ >= 0 && kRing_ <= 2);
   static constexpr int kProducerWarpgroups = kRing_ == 2 ? 2 : 1;
   static_assert(!(kRing && kSeesaw), "the ring fill serves quantised keys, the seesaw bf16 ones");
   // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
-  // rest), or quarters (128 dims; the last one also holds d 576's RoPE piece).
-  static constexpr int kParts = kQuarters ? 4 : 2;
-  // The quarter-stage P V: 64 x 128 groups over 2 pieces of V (attention/mla_tiles.h).
+  // rest).
+  static constexpr int kParts = 2;
+  // The two-warpgroup ring's P V: 64 x 128 groups over 2 pieces of V (attention/mla_tiles.h).
   using Tiles128 = attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 128>;
   using TiledMmaPV128 = typename Tiles128::TiledMmaPV;
   using SmemLayoutV128 = typename Tiles128::SmemLayoutV;
