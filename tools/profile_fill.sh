@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Where the ring fill's time goes (GPU diagnostic; sparse_decode/NOTES.md "next device calls").
+# After tools/device_check.sh has built build-device/ in the same warm machine:
+#   1. ncu (full set, source correlated) of one dense-mode launch over fp8_v32 with its keys in
+#      L2 (tools/probe_fill_bound.py --once), on the ring with one and with two decoding
+#      warpgroups (OPENMLA_SPARSE_RING=1, =2): $OUT/fill_ringN.ncu-rep, its source page per SASS
+#      instruction and per CUDA line (the build has -lineinfo: producer.cuh's lines against
+#      kernel.cuh's give the stall samples by role) and its details page, as CSV;
+#   2. tools/probe_fill_bound.py (keys from DRAM vs L2) with the default fill and both rings.
+#     OUT=/path tools/profile_fill.sh     (~3-4 min)
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 1
+OUT="${OUT:?set OUT}"
+mkdir -p "$OUT"
+[[ -d build-device/pypkg/openmla ]] || tools/layout_pypkg.sh "$ROOT/build-device" || exit 1
+export PYTHONPATH="$ROOT/build-device/pypkg"
+for ring in 1 2; do
+  log="$OUT/ncu_ring$ring.log"
+  OPENMLA_SPARSE_RING=$ring timeout 240 ncu --set full --import-source yes -f \
+    -k regex:sparse_decode_kernel -s 1 -c 1 -o "$OUT/fill_ring$ring" \
+    python3 tools/probe_fill_bound.py --once fp8_v32 >"$log" 2>&1
+  echo "ncu ring $ring: rc $?" | tee -a "$log"
+  rep="$OUT/fill_ring$ring.ncu-rep"
+  [[ -f "$rep" ]] || continue
+  for view in sass cuda; do
+    ncu --import "$rep" --page source --csv --print-source "$view" \
+      >"$OUT/fill_ring${ring}_$view.csv" 2>>"$log"
+  done
+  ncu --import "$rep" --page details --csv >"$OUT/fill_ring${ring}_details.csv" 2>>"$log"
+done
+timeout 180 python3 tools/probe_fill_bound.py --setting OPENMLA_SPARSE_RING=1 \
+  --setting OPENMLA_SPARSE_RING=2 >"$OUT/probe.txt" 2>&1
+echo "probe: rc $?" | tee -a "$OUT/probe.txt"
