@@ -89,7 +89,9 @@ if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   torch_wheel=$(ls "$tmp"/wheel/torch-*.whl)
   reqs=$("$venv/bin/python" tools/torch_requirements.py "$torch_wheel" --without triton)
   mapfile -t reqs <<<"$reqs"
-  for req in "${reqs[@]}"; do pip_install "$req"; done
+  for req in "${reqs[@]}"; do
+    if [[ -n "$req" ]]; then pip_install "$req"; fi
+  done
   pip_install --no-deps "$torch_wheel"
   rm -rf "$tmp"
   "$venv/bin/python" -m pytest -q tests/python -m "not gpu"
