@@ -17,9 +17,9 @@
 // decodes half of every tile into both CTAs' stages. bf16 tiles (bf16 caches, sparse prefill's
 // kv) may run the seesaw order instead (traits.h kSeesaw; consume below): each compute
 // warpgroup computes S for alternate tiles and both tiles' P V for its half of d_v (staggered
-// maxima with kStagger). A split that is
-// the problem's only one writes out (bf16, attention sink applied) and lse; otherwise its
-// normalised fp32 partial and lse go to the workspace for the combine kernel (launch.cu).
+// maxima with kStagger). A split that is the problem's only one writes out (bf16, attention sink
+// applied) and lse; otherwise its normalised fp32 partial and lse go to the workspace for the
+// combine kernel (launch.cu).
 #pragma once
 
 #include <cuda.h>
