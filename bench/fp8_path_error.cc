@@ -1,7 +1,9 @@
-// The error an FP8 tensor-core path would add to sparse prefill from an FP8 cache, measured before
-// it is built (src/cuda/sm90/sparse_prefill/NOTES.md, lever 3): the arithmetic of each path
-// emulated on the CPU on the same data, each output against a double-precision reference over the
-// same dequantised cache. No GPU is needed: the error is a property of the arithmetic.
+// The error an FP8 tensor-core path would add to sparse prefill from an FP8 cache, and keys staged
+// as fp16 would add to sparse decode and prefill, measured before either is built
+// (src/cuda/sm90/sparse_prefill/NOTES.md lever 3, sparse_decode/NOTES.md "keys staged as fp16"):
+// the arithmetic of each path emulated on the CPU on the same data, each output against a
+// double-precision reference over the same dequantised cache. No GPU is needed: the error is a
+// property of the arithmetic.
 //
 //   openmla_fp8_path_error [--s_q 32] [--h_q 64] [--topk 2048] [--tokens 8192] [--seed 1]
 //
@@ -20,6 +22,12 @@
 //   fp8q      only q in e4m3 (P in bf16): the share of the error that q's rounding causes
 //   fp8 q2    fp8 with q as two e4m3 terms (q ~ hi + lo, each with its power-of-two scale): twice
 //             the QK^T products (the bf16 path's tensor time for QK^T), P V still in e4m3
+//   fp16      keys staged as fp16 instead of bf16 (sparse_decode/NOTES.md, "keys staged as fp16":
+//             one cvt.f16x2.e4m3x2 a code pair where bf16 needs integer work), q and P in fp16 too,
+//             fp16 MMAs with fp32 accumulation. fp16's range is kept by powers of two: q a row
+//             scaled so its largest |value| is in [2^14, 2^15), each 64-key tile's keys (all of
+//             their dims, RoPE included) likewise by the tile's own exponent, S and the tile's
+//             P V contribution scaled back in fp32 (what O's online rescale would carry)
 // The last column, for scale: exact attention over the dequantised cache against exact attention
 // over the bf16 latents it was written from (the error the FP8 cache itself brings, either path),
 // and the bf16 and fp8 paths' outputs against that latent reference (what a model sees in all).
@@ -50,6 +58,16 @@ struct Options {
 };
 
 float bf16(float x) { return codec::bf16_to_float(codec::float_to_bf16(x)); }
+float fp16(float x) { return codec::fp16_to_float(codec::float_to_fp16(x)); }
+
+// The power of two that brings a largest |value| `amax` into [2^14, 2^15): fp16 then holds the
+// values with its full precision and no overflow (1 for zero).
+float fp16_range_scale(float amax) {
+  if (!(amax > 0.f)) return 1.f;
+  int e;
+  std::frexp(amax, &e);  // amax in [2^(e-1), 2^e)
+  return std::ldexp(1.f, 15 - e);
+}
 float e4m3(float x) { return codec::e4m3_to_float(codec::float_to_e4m3(x)); }
 
 // x truncated to `bits` explicit mantissa bits (toward zero).
@@ -109,7 +127,7 @@ Cache make_cache(const Format& f, int tokens, bool outliers, std::mt19937& rng) 
   return c;
 }
 
-enum Path { kBF16, kFP8, kFP8Acc, kFP8OneScale, kFP8QOnly, kFP8QTwo, kNumPaths };
+enum Path { kBF16, kFP8, kFP8Acc, kFP8OneScale, kFP8QOnly, kFP8QTwo, kFP16, kNumPaths };
 
 struct Errors {
   double num[kNumPaths] = {}, den = 0;       // Frobenius: sum (out - ref)^2, sum ref^2
@@ -150,7 +168,8 @@ bool run(const Format& f, bool outliers, float q_std, const Options& o) {
   {
     Errors local;
     std::vector<double> s_ref(o.topk), p_ref(o.topk), o_ref(DV), o0(DV);
-    std::vector<float> s_bf(o.topk), s_8(o.topk), s_8acc(o.topk), s_q2(o.topk), qq(D), q2(D), out(DV);
+    std::vector<float> s_bf(o.topk), s_8(o.topk), s_8acc(o.topk), s_q2(o.topk), s_16(o.topk), qq(D),
+        q2(D), q16(D), out(DV), tile_up((o.topk + 63) / 64), k16(static_cast<size_t>(64) * D);
 #pragma omp for schedule(dynamic, 4)
     for (int r = 0; r < rows; ++r) {
       const int s = r / o.h_q;
@@ -166,6 +185,29 @@ bool run(const Format& f, bool outliers, float q_std, const Options& o) {
         const float rscale = std::ldexp(1.f, codec::pow2_scale_exponent(res_amax));
         for (int d = 0; d < D; ++d) {
           q2[d] = d < f.quant_dims ? qq[d] + e4m3((qr[d] - qq[d]) / rscale) * rscale : qr[d];
+        }
+      }
+      // fp16: q scaled into fp16's range as a whole row.
+      float q_amax = 0.f;
+      for (int d = 0; d < D; ++d) q_amax = std::max(q_amax, std::fabs(qr[d]));
+      const float q_up = fp16_range_scale(q_amax);
+      for (int d = 0; d < D; ++d) q16[d] = fp16(qr[d] * q_up);
+      for (int j0 = 0; j0 < o.topk; j0 += 64) {  // a tile's keys by the tile's own exponent
+        const int n = std::min(64, o.topk - j0);
+        float k_amax = 0.f;
+        for (int j = j0; j < j0 + n; ++j) {
+          const float* k = &cache.kv[static_cast<size_t>(keys[j]) * D];
+          for (int d = 0; d < D; ++d) k_amax = std::max(k_amax, std::fabs(k[d]));
+        }
+        const float k_up = fp16_range_scale(k_amax);
+        tile_up[j0 / 64] = k_up;
+        for (int j = j0; j < j0 + n; ++j) {
+          const float* k = &cache.kv[static_cast<size_t>(keys[j]) * D];
+          float* k16j = &k16[static_cast<size_t>(j - j0) * D];
+          for (int d = 0; d < D; ++d) k16j[d] = fp16(k[d] * k_up);
+          float acc = 0.f;
+          for (int d = 0; d < D; ++d) acc += q16[d] * k16j[d];
+          s_16[j] = acc / (q_up * k_up) * scale;  // (powers of two: exact)
         }
       }
       for (int j = 0; j < o.topk; ++j) {
@@ -234,12 +276,30 @@ bool run(const Format& f, bool outliers, float q_std, const Options& o) {
         const std::vector<float>& sc = path == kBF16     ? s_bf
                                        : path == kFP8Acc  ? s_8acc
                                        : path == kFP8QTwo ? s_q2
+                                       : path == kFP16    ? s_16
                                                           : s_8;
         float mx = -INFINITY;
         for (int j = 0; j < o.topk; ++j) mx = std::max(mx, sc[j]);
         std::fill(out.begin(), out.end(), 0.f);
         float sum = 0.f;
-        for (int j = 0; j < o.topk; ++j) {
+        if (path == kFP16) {
+          // Each tile's P V in fp16 over its staged keys, fp32 accumulation, scaled back by the
+          // tile's exponent into O.
+          for (int j0 = 0; j0 < o.topk; j0 += 64) {
+            const int n = std::min(64, o.topk - j0);
+            const float k_up = tile_up[j0 / 64];
+            std::vector<float> part(DV, 0.f);
+            for (int j = j0; j < j0 + n; ++j) {
+              const float p = std::exp(sc[j] - mx);
+              sum += p;
+              const float pq = fp16(p);
+              const float* k = &cache.kv[static_cast<size_t>(keys[j]) * D];
+              for (int d = 0; d < DV; ++d) part[d] += pq * fp16(k[d] * k_up);
+            }
+            for (int d = 0; d < DV; ++d) out[d] += part[d] / k_up;
+          }
+        }
+        for (int j = 0; j < o.topk && path != kFP16; ++j) {
           const float p = std::exp(sc[j] - mx);
           sum += p;
           const bool p8 = path != kBF16 && path != kFP8QOnly;
@@ -285,7 +345,8 @@ bool run(const Format& f, bool outliers, float q_std, const Options& o) {
   std::printf(" %.2e / %.2e | %.2e | %.2e / %.2e (%.2fx) |\n", e.max_abs[kBF16] / e.ref_max,
               e.max_abs[kFP8] / e.ref_max, std::sqrt(e.cache_num / e.den), bf0, f80, f80 / bf0);
   std::fflush(stdout);
-  return base < 1e-2 && std::isfinite(std::sqrt(e.num[kFP8] / e.den));
+  return base < 1e-2 && std::isfinite(std::sqrt(e.num[kFP8] / e.den)) &&
+         std::isfinite(std::sqrt(e.num[kFP16] / e.den));
 }
 
 }  // namespace
@@ -309,14 +370,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "need s_q, h_q, topk >= 1 and tokens >= topk\n");
     return 2;
   }
-  std::printf("FP8 tensor-core path vs the bf16 path, sparse prefill from an FP8 cache: relative "
+  std::printf("The FP8 tensor-core path and the fp16-staged path vs the bf16 path, sparse attention "
+              "over an FP8 cache: relative "
               "Frobenius error of out against a double-precision reference on the same dequantised "
               "cache (s_q %d, h_q %d, topk %d of %d tokens, seed %u); (Nx) = that path's error / "
               "the bf16 path's\n\n",
               o.s_q, o.h_q, o.topk, o.tokens, o.seed);
-  std::printf("| cache | kv | q_std | bf16 | fp8 | fp8+acc | fp8+v1s | fp8q | fp8 q2 | max abs err / max |ref| "
+  std::printf("| cache | kv | q_std | bf16 | fp8 | fp8+acc | fp8+v1s | fp8q | fp8 q2 | fp16 | max abs err / max |ref| "
               "(bf16 / fp8) | the cache's own error | against the latents: bf16 / fp8 |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const Format formats[] = {{KVFormat::kFP8_V32, 576, 512},
                             {KVFormat::kFP8_Model1, 512, 448},
                             {KVFormat::kFP8_MX, 512, 512}};
