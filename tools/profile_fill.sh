@@ -7,7 +7,7 @@
 #      instruction and per CUDA line (the build has -lineinfo: producer.cuh's lines against
 #      kernel.cuh's give the stall samples by role) and its details page, as CSV;
 #   2. tools/probe_fill_bound.py (keys from DRAM vs L2) with the default fill and both rings;
-#   3. tools/decode_rate_probe.cu: clocks a 16-code chunk, the bf16 decode against fp16's.
+#   3. bench/bench_decode_rate.cu: clocks a 16-code chunk, the bf16 decode against fp16's.
 #     OUT=/path tools/profile_fill.sh     (~3-4 min)
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +33,6 @@ done
 timeout 180 python3 tools/probe_fill_bound.py --setting OPENMLA_SPARSE_RING=1 \
   --setting OPENMLA_SPARSE_RING=2 >"$OUT/probe.txt" 2>&1
 echo "probe: rc $?" | tee -a "$OUT/probe.txt"
-# 3. the decode's own rate: e4m3 -> bf16 today against e4m3 -> fp16 (tools/decode_rate_probe.cu)
-{ nvcc -O3 -arch=sm_90a -o /tmp/decode_rate_probe tools/decode_rate_probe.cu &&
-  timeout 60 /tmp/decode_rate_probe; } >"$OUT/decode_rate.txt" 2>&1
+# 3. the decode's own rate: e4m3 -> bf16 today against e4m3 -> fp16 (bench/bench_decode_rate.cu)
+timeout 60 build-device/bench/openmla_bench_decode_rate >"$OUT/decode_rate.txt" 2>&1
 echo "decode rate: rc $?" | tee -a "$OUT/decode_rate.txt"

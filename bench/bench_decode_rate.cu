@@ -7,7 +7,7 @@
 //   fp16 raw  the cvt alone (the scales applied elsewhere)
 // Each warp runs 8 independent chunks an iteration (a producer thread's 8 chunks of a key), so
 // one warp a scheduler shows what a producer warp sees; 8 warps a scheduler, the pipes' rate.
-//   nvcc -O3 -arch=sm_90a -o /tmp/decode_rate_probe tools/decode_rate_probe.cu && /tmp/decode_rate_probe
+//   build-device/bench/openmla_bench_decode_rate (built with the benchmarks when CUDA is on)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
