@@ -1,7 +1,7 @@
 // How fast can a warp turn e4m3 codes into 16-bit MMA operands on this GPU? (GPU diagnostic for
 // sparse_decode/NOTES.md "keys staged as fp16".) Times, in SM clocks, a 16-code chunk (4 words
 // in, 8 words out, times a scale) decoded three ways, with 1, 2 and 8 warps a scheduler:
-//   bf16      the kernels' fast decode today (producer.cuh e4m3x16_to_bf16_fast: byte permutes,
+//   bf16      the kernels' fast decode today (e4m3_decode.cuh e4m3x16_to_bf16_fast: byte permutes,
 //             shifts and masks into bf16 bits, one bf16x2 multiply by scale * 2^120 a pair)
 //   fp16      cvt.rn.f16x2.e4m3x2 (F2FP on SM90) and one f16x2 multiply by the scale a pair
 //   fp16 raw  the cvt alone (the scales applied elsewhere)
@@ -14,21 +14,15 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "cuda/sm90/sparse_decode/e4m3_decode.cuh"
+
 namespace {
+
+using openmla::cuda::sm90::sparse_decode_detail::e4m3x16_to_bf16_fast;
 
 constexpr int kChunks = 8;     // independent chunks an iteration
 constexpr int kIters = 4096;
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
 __device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -42,18 +36,18 @@ __device__ __forceinline__ uint32_t cvt_e4m3x2(uint32_t w16) {
 
 template <int kMode>
 __device__ __forceinline__ void decode(const uint32_t (&w)[4], uint32_t mul, uint32_t (&o)[8]) {
+  if constexpr (kMode == 0) {  // bf16: the kernels' fast path itself
+    e4m3x16_to_bf16_fast(w, mul, o);
+  } else {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if constexpr (kMode == 0) {  // bf16: producer.cuh's fast path
-      const uint32_t x0 = prmt(w[k], 0u, 0x1404u), x1 = prmt(w[k], 0u, 0x3424u);
-      o[2 * k] = mul_bf16x2((x0 & 0x80008000u) | ((x0 >> 4) & 0x07F007F0u), mul);
-      o[2 * k + 1] = mul_bf16x2((x1 & 0x80008000u) | ((x1 >> 4) & 0x07F007F0u), mul);
-    } else if constexpr (kMode == 1) {  // fp16: cvt, then the scale
-      o[2 * k] = mul_f16x2(cvt_e4m3x2(w[k]), mul);
-      o[2 * k + 1] = mul_f16x2(cvt_e4m3x2(w[k] >> 16), mul);
-    } else {  // the cvt alone
-      o[2 * k] = cvt_e4m3x2(w[k]);
-      o[2 * k + 1] = cvt_e4m3x2(w[k] >> 16);
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (kMode == 1) {  // fp16: cvt, then the scale
+        o[2 * k] = mul_f16x2(cvt_e4m3x2(w[k]), mul);
+        o[2 * k + 1] = mul_f16x2(cvt_e4m3x2(w[k] >> 16), mul);
+      } else {  // the cvt alone
+        o[2 * k] = cvt_e4m3x2(w[k]);
+        o[2 * k + 1] = cvt_e4m3x2(w[k] >> 16);
+      }
     }
   }
 }

@@ -14,6 +14,7 @@
 
 #include "cuda/common/kv_codec.cuh"
 #include "cuda/sm90/attention/primitives.cuh"
+#include "cuda/sm90/sparse_decode/e4m3_decode.cuh"
 #include "cuda/sm90/sparse_decode/pair.cuh"
 #include "cuda/sm90/sparse_decode/params.h"
 
@@ -209,37 +210,6 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
 #define OPENMLA_SPARSE_DEQUANT_CODEC 0
 #endif
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
-  return d;
-}
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// 16 e4m3 codes times one scale, as 8 bf16 pairs. Fast path: a code's sign, exponent and
-// mantissa moved into bf16 position by integer ops is the code's value times 2^-120 (the two
-// exponent biases differ by 120; e4m3 subnormals land on bf16 subnormals), so one bf16x2
-// multiply by scale · 2^120 gives the product, exactly for the power-of-two scales every writer
-// of these formats stores (e8m0, and fp8_v32's rounded-up float scales). NaN codes (0x7F, 0xFF,
-// which no quantiser writes for finite data) come out finite here. Scales of 2^7 or more, NaN
-// scales and non-finite products take the codec's float path (the products rounded once).
-// The fast path alone: `mul` is bf16x2 of scale · 2^120 (< 2^127).
-__device__ __forceinline__ void e4m3x16_to_bf16_fast(const uint32_t (&w)[4], uint32_t mul,
-                                                     uint32_t (&out)[8]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    // bytes 0, 1 (then 2, 3) at bits 8-15 and 24-31: sign in place, the rest 4 bits too high
-    const uint32_t x0 = prmt(w[k], 0u, 0x1404u), x1 = prmt(w[k], 0u, 0x3424u);
-    const uint32_t b0 = (x0 & 0x80008000u) | ((x0 >> 4) & 0x07F007F0u);
-    const uint32_t b1 = (x1 & 0x80008000u) | ((x1 >> 4) & 0x07F007F0u);
-    out[2 * k] = mul_bf16x2(b0, mul);
-    out[2 * k + 1] = mul_bf16x2(b1, mul);
-  }
-}
 __device__ __forceinline__ uint32_t bf16x2_splat(float m) {
   const __nv_bfloat162 mm = __float2bfloat162_rn(m);
   return *reinterpret_cast<const uint32_t*>(&mm);
@@ -992,6 +962,36 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   return v;
 }
 
+// A key's scales into its ring record (lanes q = 0 / 0-1 of the key; nothing read for an
+// invalid key), and where its bf16 RoPE part starts (the cache's base for an invalid key). Both
+// ring fills issue them.
+template <int D, int kCodec>
+__device__ __forceinline__ void ring_issue_scales(const uint8_t* scale, bool ok, int q,
+                                                  uint32_t rec) {
+  constexpr int kAt = ring_scale_at<D, kCodec>();
+  if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {  // 8 B of e8m0
+    if (q == 0) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(rec + kAt),
+                   "l"(scale), "r"(ok ? 8 : 0) : "memory");
+    }
+  } else if constexpr (kCodec == static_cast<int>(Codec::kFP4)) {  // 32 B of e4m3
+    if (q < 2) cp_async16_u32(rec + kAt + 16 * q, scale + 16 * q, ok);
+  } else {  // 16 B: fp8_v32's 4 floats, fp8_mx's 16 e8m0
+    if (q == 0) cp_async16_u32(rec + kAt, scale, ok);
+  }
+}
+__device__ __forceinline__ const uint8_t* ring_rope_src(const SparseCacheParams& c, int slot,
+                                                        bool ok) {
+  const uint8_t* rope = c.base;
+  if (ok) {
+    int block, offset;
+    block_offset(c, slot, &block, &offset);
+    rope += static_cast<int64_t>(block) * c.block_stride + c.rope_offset +
+            static_cast<int64_t>(offset) * c.rope_stride;
+  }
+  return rope;
+}
+
 // A thread's part of one key's record into the ring (zeros for an invalid key: nothing read).
 template <int D, int kCodec>
 __device__ __forceinline__ void ring_issue_key(const SparseCacheParams& c, int slot, bool ok, int q,
@@ -1000,25 +1000,9 @@ __device__ __forceinline__ void ring_issue_key(const SparseCacheParams& c, int s
   const TokenPtr t = token_ptr(c, ok ? slot : 0, q);
 #pragma unroll
   for (int e = 0; e < kChunks; ++e) cp_async16_u32(rec + 64 * e + 16 * q, t.d + 4 * e, ok);
-  constexpr int kAt = ring_scale_at<D, kCodec>();
-  if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {  // 8 B of e8m0
-    if (q == 0) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(rec + kAt),
-                   "l"(t.scale), "r"(ok ? 8 : 0) : "memory");
-    }
-  } else if constexpr (kCodec == static_cast<int>(Codec::kFP4)) {  // 32 B of e4m3
-    if (q < 2) cp_async16_u32(rec + kAt + 16 * q, t.scale + 16 * q, ok);
-  } else {  // 16 B: fp8_v32's 4 floats, fp8_mx's 16 e8m0
-    if (q == 0) cp_async16_u32(rec + kAt, t.scale, ok);
-  }
+  ring_issue_scales<D, kCodec>(t.scale, ok, q, rec);
   if constexpr (ring_has_rope<D, kCodec>()) {  // chunks q and q + 4 of the 128 B RoPE part
-    const uint8_t* rope = c.base;
-    if (ok) {
-      int block, offset;
-      block_offset(c, slot, &block, &offset);
-      rope += static_cast<int64_t>(block) * c.block_stride + c.rope_offset +
-              static_cast<int64_t>(offset) * c.rope_stride;
-    }
+    const uint8_t* rope = ring_rope_src(c, slot, ok);
     cp_async16_u32(rec + ring_rope_at<D, kCodec>() + 16 * q, rope + 16 * q, ok);
     cp_async16_u32(rec + ring_rope_at<D, kCodec>() + 16 * (q + 4), rope + 16 * (q + 4), ok);
   }
@@ -1081,8 +1065,9 @@ constexpr int ring_data_bytes() {
          : kCodec == static_cast<int>(Codec::kFP4)      ? 256
                                                         : 512;
 }
-// (ring_issue_key with eighths. One template for both, tried: it added 8 instructions to the
-// measured one-warpgroup kernels and spilled this one at its 48 registers.)
+// (ring_issue_key with eighths, sharing its scale and RoPE pieces. One template for both, tried:
+// it added 8 instructions to the measured one-warpgroup kernels and spilled this one at its 48
+// registers.)
 template <int D, int kCodec>
 __device__ __forceinline__ void ring_issue_key8(const SparseCacheParams& c, int slot, bool ok,
                                                 int q, uint32_t rec) {
@@ -1092,25 +1077,9 @@ __device__ __forceinline__ void ring_issue_key8(const SparseCacheParams& c, int 
   for (int e = 0; e < (kData + 127) / 128; ++e) {
     if (128 * e + 16 * q < kData) cp_async16_u32(rec + 128 * e + 16 * q, t.d + 8 * e + q, ok);
   }
-  constexpr int kAt = ring_scale_at<D, kCodec>();
-  if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {  // 8 B of e8m0
-    if (q == 0) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(rec + kAt),
-                   "l"(t.scale), "r"(ok ? 8 : 0) : "memory");
-    }
-  } else if constexpr (kCodec == static_cast<int>(Codec::kFP4)) {  // 32 B of e4m3
-    if (q < 2) cp_async16_u32(rec + kAt + 16 * q, t.scale + 16 * q, ok);
-  } else {  // 16 B: fp8_v32's 4 floats, fp8_mx's 16 e8m0
-    if (q == 0) cp_async16_u32(rec + kAt, t.scale, ok);
-  }
+  ring_issue_scales<D, kCodec>(t.scale, ok, q, rec);
   if constexpr (ring_has_rope<D, kCodec>()) {  // chunk q of the 128 B RoPE part
-    const uint8_t* rope = c.base;
-    if (ok) {
-      int block, offset;
-      block_offset(c, slot, &block, &offset);
-      rope += static_cast<int64_t>(block) * c.block_stride + c.rope_offset +
-              static_cast<int64_t>(offset) * c.rope_stride;
-    }
+    const uint8_t* rope = ring_rope_src(c, slot, ok);
     cp_async16_u32(rec + ring_rope_at<D, kCodec>() + 16 * q, rope + 16 * q, ok);
   }
 }
