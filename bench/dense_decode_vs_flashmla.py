@@ -26,6 +26,7 @@ import torch
 
 import openmla
 import openmla.flash_mla as omla
+import sparse_decode_vs_flashmla as sparse_bench
 from sparse_decode_vs_flashmla import (AB, BPT, D_QK, DEV, ab_note, ceilings, peer, time_calls,
                                        with_env)
 
@@ -239,14 +240,18 @@ def main(argv) -> int:
     ap.add_argument("--kv-layout", choices=("default", "interleaved"), default="default")
     ap.add_argument("--ab", action="append", default=[], metavar="VAR=V[,VAR=V]",
                     help="also time each quantised format with these environment settings")
+    ap.add_argument("--icache", choices=["cold", "mixed"], default="cold",
+                    help="cold: instruction caches evicted before every timed call (bench/"
+                         "icache.py); mixed: as the previous call left them (the earlier method)")
     args = ap.parse_args(argv)
     for spec in args.ab:
         AB.append(dict(kv.split("=", 1) for kv in spec.split(",")))
+    sparse_bench.COLD_ICACHE = args.icache == "cold"
     rounds = args.rounds_pos if args.rounds_pos is not None else args.rounds
     copy_gbs, gemm = ceilings()
     print(f"dense decode side by side, {torch.cuda.get_device_name()}; same-run ceilings: copy "
           f"{copy_gbs:.0f} GB/s, bf16 GEMM {gemm:.0f} TFLOP/s; kernel-only µs, L2 flushed, "
-          f"median of {rounds}; FlashMLA {'present' if peer is not None else 'absent'}")
+          f"{args.icache} instruction caches, median of {rounds}; FlashMLA {'present' if peer is not None else 'absent'}")
     if not args.kv_formats:
         bf16_rows(rounds)
     if not args.no_kv_formats:

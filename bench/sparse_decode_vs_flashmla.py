@@ -30,6 +30,8 @@ from torch.profiler import ProfilerActivity, profile
 import openmla
 import openmla.flash_mla as omla
 
+import icache
+
 try:
     import flash_mla as peer  # FlashMLA, the benchmark peer
 except ImportError:  # pragma: no cover - the peer is only on the benchmark machine
@@ -100,10 +102,12 @@ def kernel_groups(prof, expected: int):
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    # The flush (`zero_()`) shows as a memset or as torch's fill kernel: either separates calls.
+    # The flush (`zero_()`) shows as a memset or as torch's fill kernel, the instruction-cache
+    # eviction by its name: each separates calls.
     def is_flush(e):
         name = e.get("name", "")
-        return e.get("cat") == "gpu_memset" or "fill" in name.lower() or "elementwise" in name
+        return (e.get("cat") == "gpu_memset" or "fill" in name.lower() or "elementwise" in name
+                or icache.NAME in name)
     spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), is_flush(e))
                    for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset"))
     groups, current = [], []
@@ -121,8 +125,14 @@ def kernel_groups(prof, expected: int):
     return [max(e for _, e in g) - min(s for s, _ in g) for g in groups]
 
 
+# Every timed call starts with cold instruction caches (bench/icache.py); --icache mixed leaves
+# them as the previous call left them (the method before 2026-12-06, for comparison).
+COLD_ICACHE = True
+
+
 def time_calls(calls, rounds: int):
-    """Median kernel-only µs of each callable, interleaved in rounds, L2 flushed before each."""
+    """Median kernel-only µs of each callable, interleaved in rounds, L2 flushed and instruction
+    caches evicted before each."""
     flush = torch.empty(8 << 30, dtype=torch.uint8, device=DEV)
     for c in calls:
         for _ in range(3):
@@ -132,6 +142,8 @@ def time_calls(calls, rounds: int):
         for r in range(rounds):
             for c in calls:
                 flush.zero_()
+                if COLD_ICACHE:
+                    icache.evict()
                 c()
         torch.cuda.synchronize()
     spans = kernel_groups(prof, rounds * len(calls))
@@ -314,13 +326,19 @@ def main(argv) -> int:
     ap.add_argument("--ab", action="append", default=[], metavar="VAR=V[,VAR=V]",
                     help="also time OpenMLA with these environment switches set (e.g. "
                          "OPENMLA_SPARSE_STAGGER=1), in the same rounds; repeatable")
+    ap.add_argument("--icache", choices=["cold", "mixed"], default="cold",
+                    help="cold: instruction caches evicted before every timed call (bench/"
+                         "icache.py); mixed: as the previous call left them (the earlier method)")
     args = ap.parse_args(argv)
     for spec in args.ab:
         AB.append(dict(kv.split("=", 1) for kv in spec.split(",")))
+    global COLD_ICACHE
+    COLD_ICACHE = args.icache == "cold"
     name = torch.cuda.get_device_name()
     copy_gbs, gemm = ceilings()
     print(f"sparse decode side by side, {name}; same-run ceilings: copy {copy_gbs:.0f} GB/s, "
-          f"bf16 GEMM {gemm:.0f} TFLOP/s; kernel-only µs, L2 flushed, median of {args.rounds}; "
+          f"bf16 GEMM {gemm:.0f} TFLOP/s; kernel-only µs, L2 flushed, {args.icache} instruction "
+          f"caches, median of {args.rounds}; "
           f"FlashMLA {'present' if peer is not None else 'absent'}")
     if args.only == "prefill":
         prefill_rows(args.rounds, copy_gbs, args.quick, args.rows == "compared")

@@ -22,6 +22,8 @@
 #                --kv-formats)
 #   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_RING=2
 #                twice, OPENMLA_SPARSE_RING=1 and OPENMLA_SPARSE_RING=0 once]
+#   ICACHE [cold] --icache of the benchmarks: cold (instruction caches evicted before every timed
+#                call, bench/icache.py) or mixed (as the previous call left them)
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,7 +70,7 @@ ab_args() {
 if [[ "${PREFILL:-1}" != 0 ]]; then
   read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_STAGGER=0}")"
   lim=$(left); [[ $lim -gt 240 ]] && lim=240
-  timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" "${prefill_ab[@]}" \
+  timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" --icache "${ICACHE:-cold}" "${prefill_ab[@]}" \
     >>"$OUT/ab_prefill.txt" 2>&1
   echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
 fi
@@ -76,13 +78,13 @@ fi
 if [[ $(left) -gt 120 ]]; then
   read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_RING=2 OPENMLA_SPARSE_RING=2,OPENMLA_SPARSE_PAIR=1 OPENMLA_SPARSE_RING=2,OPENMLA_SPARSE_PAIR=0 OPENMLA_SPARSE_RING=0 OPENMLA_SPARSE_RING=0,OPENMLA_SPARSE_PAIR=1}")"
   timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-all}" --rounds "${ROUNDS:-10}" \
-    "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
+    --icache "${ICACHE:-cold}" "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
 fi
 
 if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
   read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_RING=2 OPENMLA_SPARSE_RING=2,OPENMLA_SPARSE_PAIR=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=0}")"
   timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
-    --rounds "${ROUNDS:-10}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
+    --rounds "${ROUNDS:-10}" --icache "${ICACHE:-cold}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
   echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"
 fi
