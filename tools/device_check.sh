@@ -251,10 +251,6 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests ring OPENMLA_SPARSE_RING=1 'Sparse*:DenseDecodeKVCache*'
   switch_tests ring_unpaired 'OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' 'Sparse*:DenseDecodeKVCache*'
   switch_tests no_ring OPENMLA_SPARSE_RING=0 'Sparse*:DenseDecodeKVCache*'
-  # The ring decoded by two producer warpgroups (512 threads; not yet measured), and with the
-  # pairs off (h_q 128 and the dense mode's even m-block counts on it too).
-  switch_tests ring_wide OPENMLA_SPARSE_RING=2 'Sparse*:DenseDecodeKVCache*'
-  switch_tests ring_wide_unpaired 'OPENMLA_SPARSE_RING=2 OPENMLA_SPARSE_PAIR=0' 'Sparse*:DenseDecodeKVCache*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

@@ -6,8 +6,8 @@ with every request reading the same pages (after the first CTAs touch them the k
 L2). If the L2 time is close to the DRAM time, the loads are not what bounds the kernel: the
 producer's decode (or the MMA it serialises with) is. The bf16 kernel is timed the same way
 (its loads are TMA copies, nothing to decode). Each setting of SETTINGS (environment switches,
-e.g. OPENMLA_SPARSE_RING=0) is timed twice in the same rounds (the second place is the one to
-read: docs/benchmarking.md), L2 flushed before each call.
+e.g. OPENMLA_SPARSE_RING=0) is timed in the same rounds, L2 flushed and instruction caches
+evicted before each call (docs/benchmarking.md).
 
     PYTHONPATH=build-device/pypkg python3 tools/probe_fill_bound.py [--seqlen 8192] \
         [--setting OPENMLA_SPARSE_RING=0] ...
@@ -61,10 +61,10 @@ def main(argv) -> int:
         torch.cuda.synchronize()
         return 0
     print(f"{torch.cuda.get_device_name()}: b {b}, h_q {h_q}, s_q 1, seqlen {seqlen}, page 64; "
-          f"kernel-only µs, L2 flushed, median of {args.rounds}; µs a 64-key tile a CTA = time / "
+          f"kernel-only µs, L2 flushed, cold instruction caches, median of {args.rounds}; µs a 64-key tile a CTA = time / "
           f"tiles a request (one CTA a request at this b)")
     print("| keys | tables | default | " + " | ".join(
-        f"{','.join(f'{k}={v}' for k, v in s.items())} (1st / 2nd)" for s in settings) + " |")
+        f"{','.join(f'{k}={v}' for k, v in s.items())}" for s in settings) + " |")
     print("|---|---|---|" + "---|" * len(settings))
     bf16 = torch.randn(b * pages, 64, 1, 576, dtype=torch.bfloat16, device=DEV, generator=gen)
     for fmt in ("bf16",) + FORMATS:
@@ -77,12 +77,10 @@ def main(argv) -> int:
         for name, table in (("DRAM (distinct pages)", distinct), ("L2 (shared pages)", shared)):
             base = (lambda table=table, cache=cache, qf=qf, kw=kw: openmla.dense_decode(
                 qf, cache, table, seqlens, schedule=sched, **kw))
-            calls = [base] + [with_env(base, s) for s in settings for _ in range(2)]
+            calls = [base] + [with_env(base, s) for s in settings]
             t = time_calls(calls, args.rounds)
             cells = [f"{t[0]:.1f} ({t[0] / pages:.2f})"]
-            for i in range(len(settings)):
-                t1, t2 = t[1 + 2 * i], t[2 + 2 * i]
-                cells.append(f"{t1:.1f} / {t2:.1f} ({t2 / pages:.2f})")
+            cells += [f"{ti:.1f} ({ti / pages:.2f})" for ti in t[1:]]
             print(f"| {fmt} | {name} | " + " | ".join(cells) + " |", flush=True)
         del cache
         torch.cuda.empty_cache()

@@ -41,10 +41,11 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
       ring_format && shape.tiles_per_split >= 4 &&
       (!shape.dense_mode ||
        (shape.format != SparseFillFormat::kFP8_V32 && shape.tiles_per_split <= 32));
-  // `2`: the ring decoded by two producer warpgroups (not yet measured: by the switch only).
+  // (Its form decoded by two producer warpgroups, 512 threads, measured 0.85-0.97x and was
+  // removed: sparse_decode/NOTES.md.)
   const bool ring = plan.fill_for_format && !plan.pair &&
-                    (sw.ring == 1 || sw.ring == 2 || (ring_default && sw.ring != 0));
-  plan.ring = !ring ? 0 : sw.ring == 2 ? 2 : 1;
+                    (sw.ring == 1 || (ring_default && sw.ring != 0));
+  plan.ring = ring ? 1 : 0;
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill

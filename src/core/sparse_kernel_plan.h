@@ -25,14 +25,14 @@ struct SparseKernelShape {
   int tiles_per_split = 0;  // the most 64-key tiles a CTA walks (the split plan's)
 };
 
-// An environment switch: unset, or forced off / on (or to a form, for `ring`).
+// An environment switch: unset, or forced off / on.
 struct SparseKernelSwitches {
   int stagger = -1;   // OPENMLA_SPARSE_STAGGER
   int seesaw = -1;    // OPENMLA_SPARSE_SEESAW
   int groups = -1;    // OPENMLA_SPARSE_GROUPS
   int stream = -1;    // OPENMLA_SPARSE_STREAM
   int pair = -1;      // OPENMLA_SPARSE_PAIR
-  int ring = -1;      // OPENMLA_SPARSE_RING (0, 1, 2)
+  int ring = -1;      // OPENMLA_SPARSE_RING
   bool generic_fill = false;  // OPENMLA_SPARSE_FILL=generic
 };
 
@@ -40,8 +40,8 @@ struct SparseKernelPlan {
   bool fill_for_format = false;  // the token fill built for `format` (else it reads the format)
   bool pair = false;             // a 2-CTA cluster decodes each tile once
   int stream = 0;                // the token fill's rounds: 0 one by one, 1 streamed
-  int ring = 0;                  // the ring fill's kernel (raw bytes by cp.async, one bf16
-                                 // stage): 1, or 2 with two decoding warpgroups; 0 not
+  int ring = 0;                  // 1 the ring fill's kernel (raw bytes by cp.async, one
+                                 // bf16 stage); 0 not
   bool seesaw = false;           // compute warpgroups in the seesaw order
   bool stagger = false;          // ... with staggered maxima
   bool group_fill = false;       // bf16 rows by 8-lane groups

@@ -158,14 +158,6 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
       EXPECT_TRUE(ring(f, 2, dense, 32, unpaired).ring);
     }
   }
-  SparseKernelSwitches wide;  // two decoding warpgroups, both modes
-  wide.ring = 2;
-  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
-    EXPECT_EQ(ring(f, 1, false, 1, wide).ring, 2);
-    EXPECT_EQ(ring(f, 1, true, 1, wide).ring, 2);
-    EXPECT_EQ(ring(f, 1, false, 1, wide).stream, 0);
-  }
-  EXPECT_EQ(ring(F::kFP8_V32, 2, false, 32, wide).ring, 0);  // the pair
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);

@@ -11,42 +11,6 @@ namespace {
 
 using namespace cute;
 using Pv256 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 512, 256>::TiledMmaPV;
-using Pv128 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 512, 128>::TiledMmaPV;
-
-// sparse_decode/kernel.cuh gemm_pv_by_round_128 (the two-warpgroup ring) runs a warpgroup's
-// 64 x 256 P V as two 64 x 128 groups whose accumulators are the 64 x 256 accumulator's values
-// 0-63 and 64-127, and feeds both the P fragment partitioned for the 64 x 256 atom. Every thread's values must then land on the same
-// (row, column) either way.
-TEST(TileLayouts, PvAccumulatorIsTwoHalfWidthAccumulatorsBackToBack) {
-  Pv256 m256;
-  Pv128 m128;
-  for (int t = 0; t < 128; ++t) {
-    auto c256 = m256.get_thread_slice(t).partition_C(make_identity_tensor(Shape<_64, _256>{}));
-    auto c128 = m128.get_thread_slice(t).partition_C(make_identity_tensor(Shape<_64, _128>{}));
-    ASSERT_EQ(size(c256), 2 * size(c128));
-    for (int i = 0; i < size(c128); ++i) {
-      const auto lo = c256(i), hi = c256(i + size(c128)), q = c128(i);
-      ASSERT_EQ(get<0>(lo), get<0>(q)) << "thread " << t << " value " << i;
-      ASSERT_EQ(get<1>(lo), get<1>(q)) << "thread " << t << " value " << i;
-      ASSERT_EQ(get<0>(hi), get<0>(q)) << "thread " << t << " value " << i + size(c128);
-      ASSERT_EQ(get<1>(hi), get<1>(q) + 128) << "thread " << t << " value " << i + size(c128);
-    }
-  }
-}
-
-TEST(TileLayouts, PFragmentIsTheSameForBothPvWidths) {
-  Pv256 m256;
-  Pv128 m128;
-  for (int t = 0; t < 128; ++t) {
-    auto a256 = m256.get_thread_slice(t).partition_A(make_identity_tensor(Shape<_64, _64>{}));
-    auto a128 = m128.get_thread_slice(t).partition_A(make_identity_tensor(Shape<_64, _64>{}));
-    ASSERT_EQ(size(a256), size(a128));
-    for (int i = 0; i < size(a128); ++i) {
-      ASSERT_EQ(get<0>(a256(i)), get<0>(a128(i))) << "thread " << t << " value " << i;
-      ASSERT_EQ(get<1>(a256(i)), get<1>(a128(i))) << "thread " << t << " value " << i;
-    }
-  }
-}
 
 // The producers (sparse_decode/producer.cuh: every fill, by tile, half or round) write key k's
 // dims [8 c, 8 c + 8) of 64-dim piece p at byte p * 8192 + 128 k + 16 (c ^ (k % 8)) of a stage: the

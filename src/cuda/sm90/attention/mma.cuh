@@ -94,9 +94,8 @@ __device__ __forceinline__ void gemm_pv(Mma& mma, TP& tOrP, TV const& tOrV, TO& 
 // O += P V as two wgmma groups, over a 64-key tile's keys 0-31 (k-blocks 0, 1) and 32-63 (2, 3),
 // so the first half's keys can be handed back while the second runs (sparse decode's ring fill:
 // warpgroup_wait<1> then means the first half is done).
-// The groups' frame: `issue_k(k)` issues k-block k's wgmmas (of every V column group).
-template <class Mma, class TP, class TO, class IssueK>
-__device__ __forceinline__ void pv_by_round_groups(Mma& mma, TP& tOrP, TO& tOrO, IssueK&& issue_k) {
+template <class Mma, class TP, class TV, class TO>
+__device__ __forceinline__ void gemm_pv_by_round(Mma& mma, TP& tOrP, TV const& tOrV, TO& tOrO) {
   using namespace cute;
   static_assert(decltype(size<2>(tOrP))::value == 4, "a 64-key tile in four k16 blocks");
   warpgroup_fence_operand(tOrP);
@@ -106,15 +105,9 @@ __device__ __forceinline__ void pv_by_round_groups(Mma& mma, TP& tOrP, TO& tOrO,
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
-    for (int k = 2 * half; k < 2 * half + 2; ++k) issue_k(k);
+    for (int k = 2 * half; k < 2 * half + 2; ++k) gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
     warpgroup_commit_batch();
   }
-}
-template <class Mma, class TP, class TV, class TO>
-__device__ __forceinline__ void gemm_pv_by_round(Mma& mma, TP& tOrP, TV const& tOrV, TO& tOrO) {
-  using cute::_;
-  pv_by_round_groups(mma, tOrP, tOrO,
-                     [&](int k) { cute::gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO); });
 }
 
 template <class TO, class TP>

@@ -121,17 +121,6 @@ __device__ __forceinline__ uint64_t stage_valid(const uint32_t (&words)[8]) {
          static_cast<uint64_t>(v1.x | v1.y << 8 | v1.z << 16 | v1.w << 24) << 32;
 }
 
-// Two producer warpgroups' key mask (traits.h kRing_ 2): word i holds keys 4 i .. 4 i + 3.
-__device__ __forceinline__ uint64_t stage_valid(const uint32_t (&words)[16]) {
-  uint64_t mask = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 v = reinterpret_cast<const uint4*>(words)[i];
-    mask |= static_cast<uint64_t>(v.x | v.y << 4 | v.z << 8 | v.w << 12) << (16 * i);
-  }
-  return mask;
-}
-
 // The seesaw order's P of stage s: at d 576 stage 0's in its RoPE piece (in its R half, which
 // WG1, the reader, frees) and stage 1's in a buffer of its own (its RoPE piece is in stage 1's R
 // half, which WG1 frees before WG0 has read P); at d 512 a buffer each.
@@ -143,24 +132,6 @@ __device__ __forceinline__ void* seesaw_p_buffer(typename Traits::SharedStorage&
   } else {
     return smem.p[s];
   }
-}
-
-// The ring fill's P V by round (attention/mma.cuh gemm_pv_by_round) as 64 x 128 groups: with two
-// producer warpgroups (512 threads) the kernel is compiled for 128 registers a thread, too few
-// for one 64 x 256 wgmma's operands, though WG0 and WG1 run with more (setmaxnreg).
-template <class Traits, class Mma, class TP, class TV, class TO>
-__device__ __forceinline__ void gemm_pv_by_round_128(Mma& mma, TP& tOrP, TV const& tOrV128,
-                                                     TO& tOrO) {
-  using namespace cute;
-  auto layout = partition_fragment_C(mma, Shape<Int<64>, Int<128>>{}).layout();
-  static_assert(decltype(size(layout))::value * 2 == decltype(size(tOrO))::value);
-  Tensor o0 = make_tensor(tOrO.data(), layout);
-  Tensor o1 = make_tensor(tOrO.data() + decltype(size(layout))::value, layout);
-  auto v1 = at_offset(tOrV128, 2 * Traits::kPieceBytes);
-  pv_by_round_groups(mma, tOrP, tOrO, [&](int k) {
-    gemm(mma, tOrP(_, _, k), tOrV128(_, _, k), o0);
-    gemm(mma, tOrP(_, _, k), v1(_, _, k), o1);
-  });
 }
 
 // The compute warpgroups (wg 0 or 1).
@@ -197,11 +168,6 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   Tensor tOrV = thr_pv.partition_fragment_B(
       make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
                   typename Traits::SmemLayoutV{}));  // (MMA,1,4)
-  // The two-warpgroup ring's P V: two 64 x 128 groups over a warpgroup's half of d_v.
-  typename Traits::TiledMmaPV128 mma_pv128;
-  auto tOrV128 = mma_pv128.get_thread_slice(t).partition_fragment_B(
-      make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
-                  typename Traits::SmemLayoutV128{}));  // (MMA,1,4)
   // The ring fill's S = Q K^T by round (traits.h kRing): a round's 64 x 32 block of S is the
   // first (keys 0-31) or second half of the 64 x 64 accumulator's registers (its n8 blocks 0-3
   // and 4-7), so the two rounds' wgmmas write into tSrS itself.
@@ -564,11 +530,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       bar_arrive(stage == 0 ? kBarP0 : kBarP1, 256);
       rescale_rows_if(O, factor);
       if constexpr (Traits::kRing) {
-        if constexpr (Traits::kProducerWarpgroups == 2) {
-          gemm_pv_by_round_128<Traits>(mma_pv128, tOrP, tOrV128, tOrO);
-        } else {
-          gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
-        }
+        gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
         warpgroup_wait<1>();
         release_stage(&smem.empty[0], lane, false);  // round 0's keys (round 1's: above)
       } else {
@@ -596,11 +558,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       const float factor[2] = {f.x, f.y};
       rescale_rows_if(O, factor);
       if constexpr (Traits::kRing) {  // each round's keys handed back as its P V completes
-        if constexpr (Traits::kProducerWarpgroups == 2) {
-          gemm_pv_by_round_128<Traits>(mma_pv128, tOrP, tOrV128, tOrO);
-        } else {
-          gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
-        }
+        gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
         warpgroup_wait<1>();
         release_stage(&smem.empty[0], lane, false);
         wait_pv(tOrO, tOrP);
@@ -680,18 +638,6 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       for (int c = 0; c < size<1>(O); ++c) O(r, c) *= f;
     }
   }
-  // With two producer warpgroups (kRing_ 2) the dense mode's WG0 has no register left to keep
-  // its columns across the loop (ptxas spilled one): they are formed afresh from the thread index.
-  const auto cO_out = [&] {
-    if constexpr (kDense && Traits::kProducerWarpgroups == 2) {
-      uint32_t tid;
-      asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-      Tensor c = mma_pv.get_thread_slice(static_cast<int>(tid) - wg * 128).partition_C(cO);
-      return make_tensor(c.data(), acc_rowcol(c.layout()));
-    } else {
-      return cO_rc;
-    }
-  }();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const Row& w = rows[r];
@@ -702,7 +648,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                    wg * Traits::kVHalfDims) * 2;
 #pragma unroll
       for (int c = 0; c < size<1>(O); c += 2) {
-        const int col = get<1>(cO_out(r, c));
+        const int col = get<1>(cO_rc(r, c));
         *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(r, c), O(r, c + 1));
       }
     } else {
@@ -711,7 +657,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                    wg * Traits::kVHalfDims;
 #pragma unroll
       for (int c = 0; c < size<1>(O); c += 2) {
-        const int col = get<1>(cO_out(r, c));
+        const int col = get<1>(cO_rc(r, c));
         *reinterpret_cast<float2*>(out + col) = make_float2(O(r, c), O(r, c + 1));
       }
     }
@@ -798,10 +744,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
                                               part / kPerHalf == s ? 4 : 8);
         }
       } else if constexpr (Traits::kRing) {
-        // per round of the one stage: the producer warps; the 8 compute warps
+        // per round of the one stage: the 4 producer warps; the 8 compute warps
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          cutlass::arch::ClusterBarrier::init(&smem.full[r], 4 * Traits::kProducerWarpgroups);
+          cutlass::arch::ClusterBarrier::init(&smem.full[r], 4);
           cutlass::arch::ClusterBarrier::init(&smem.empty[r], 8);
         }
       } else {
@@ -820,7 +766,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // The combine grid may launch now; it waits for this grid to finish before reading partials.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  if (wg >= 2) {  // (two of them with kRing_ 2)
+  if (wg >= 2) {  // the producer warpgroup
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if constexpr (Traits::kRing) {
       produce_ring<Traits>(params, smem, problem, split);
@@ -870,11 +816,6 @@ cudaError_t launch_sparse_decode_traits(const SparseDecodeParams& params, cudaSt
 // The ring fill's kernel (params.ring; its own instantiations, instantiations/ring_*.cu).
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStream_t stream) {
-  // Two decoding warpgroups (traits.h kRing_ 2).
-  if (params.ring == 2) {
-    return launch_sparse_decode_traits<
-        SparseDecodeTraits<kHeadDimQK, kDense, false, false, 2>>(params, stream);
-  }
   return launch_sparse_decode_traits<
       SparseDecodeTraits<kHeadDimQK, kDense, false, false, 1>>(params, stream);
 }

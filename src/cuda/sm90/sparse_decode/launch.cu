@@ -31,10 +31,10 @@ bool env_is(const char* name, const char* value) {
 }
 bool bf16_cp_async() { return !env_is("OPENMLA_SPARSE_BF16_CP_ASYNC", "0"); }
 
-// An A/B switch of the sparse kernel's form (read at every launch): 0, 1 or 2, else -1 (unset).
+// An A/B switch of the sparse kernel's form (read at every launch): 0 or 1, else -1 (unset).
 int env_switch(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr || v[0] < '0' || v[0] > '2' || v[1] != '\0') return -1;
+  if (v == nullptr || v[0] < '0' || v[0] > '1' || v[1] != '\0') return -1;
   return v[0] - '0';
 }
 core::SparseKernelSwitches env_switches() {

@@ -963,8 +963,7 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
 }
 
 // A key's scales into its ring record (lanes q = 0 / 0-1 of the key; nothing read for an
-// invalid key), and where its bf16 RoPE part starts (the cache's base for an invalid key). Both
-// ring fills issue them.
+// invalid key), and where its bf16 RoPE part starts (the cache's base for an invalid key).
 template <int D, int kCodec>
 __device__ __forceinline__ void ring_issue_scales(const uint8_t* scale, bool ok, int q,
                                                   uint32_t rec) {
@@ -1053,151 +1052,19 @@ __device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const Stage
   }
 }
 
-// --- the ring fill with two decoding warpgroups (traits.h kRing_ 2; OPENMLA_SPARSE_RING=2) ---
-// Eight producer warps; lane l of warp w owns key 4 w + l / 8 of every round and, of it, the
-// eighth q = l % 8: data bytes 128 e + 16 q for every e (the 8 lanes of a key read 128
-// contiguous bytes of the ring an instruction: one key a quarter-warp, any record stride), 16 B of
-// its RoPE part, and (lanes 0-1) its scales. The same ring records, rounds and barriers as
-// produce_by_ring's; twice the warps decode them.
-template <int D, int kCodec>
-constexpr int ring_data_bytes() {
-  return kCodec == static_cast<int>(Codec::kFP8_Model1) ? 448
-         : kCodec == static_cast<int>(Codec::kFP4)      ? 256
-                                                        : 512;
-}
-// (ring_issue_key with eighths, sharing its scale and RoPE pieces. One template for both, tried:
-// it added 8 instructions to the measured one-warpgroup kernels and spilled this one at its 48
-// registers.)
-template <int D, int kCodec>
-__device__ __forceinline__ void ring_issue_key8(const SparseCacheParams& c, int slot, bool ok,
-                                                int q, uint32_t rec) {
-  constexpr int kData = ring_data_bytes<D, kCodec>();
-  const TokenPtr t = token_ptr(c, ok ? slot : 0, 0);
-#pragma unroll
-  for (int e = 0; e < (kData + 127) / 128; ++e) {
-    if (128 * e + 16 * q < kData) cp_async16_u32(rec + 128 * e + 16 * q, t.d + 8 * e + q, ok);
-  }
-  ring_issue_scales<D, kCodec>(t.scale, ok, q, rec);
-  if constexpr (ring_has_rope<D, kCodec>()) {  // chunk q of the 128 B RoPE part
-    const uint8_t* rope = ring_rope_src(c, slot, ok);
-    cp_async16_u32(rec + ring_rope_at<D, kCodec>() + 16 * q, rope + 16 * q, ok);
-  }
-}
-
-// 16 bf16 dims (8 words) into chunks `chunk`, `chunk` + 1 of row `row` of piece `piece`, the
-// second one first where `hi_first` (so a quarter-warp's stores cover all 8 bank groups).
-__device__ __forceinline__ void store_16_ordered(char* stage, int piece, int row, int chunk,
-                                                 const uint32_t (&v)[8], bool hi_first) {
-  const int off = piece * 8192 + row * 128;
-  const int o0 = off + ((chunk ^ (row & 7)) << 4), o1 = off + (((chunk + 1) ^ (row & 7)) << 4);
-  const uint4 lo = make_uint4(v[0], v[1], v[2], v[3]), hi = make_uint4(v[4], v[5], v[6], v[7]);
-  if (hi_first) {
-    *reinterpret_cast<uint4*>(stage + o1) = hi;
-    *reinterpret_cast<uint4*>(stage + o0) = lo;
-  } else {
-    *reinterpret_cast<uint4*>(stage + o0) = lo;
-    *reinterpret_cast<uint4*>(stage + o1) = hi;
-  }
-}
-
-// A thread's eighth of one key from its ring record into stage row `row`. Chunk e of the eighth
-// q holds dims 128 e + 16 q .. (fp4: 256 e + 32 q ..), i.e. the token fill's chunk 2 e + q / 4
-// of quarter q % 4 (store_token's places and scales).
-template <int D, int kCodec, bool kFast>
-__device__ __forceinline__ void ring_decode_chunk8(const uint4& raw, const uint32_t (&s)[8], int e,
-                                                   int q, char* stage, int row) {
-  const int b = q >> 2, qq = q & 3;
-  uint32_t v[8];
-  if constexpr (kCodec == static_cast<int>(Codec::kFP4)) {
-    // token-fill chunk E = 2 e + b: half h's e4m3 scale is byte 2 (qq & 1) + h of word
-    // s[2 E + (qq >> 1)] = s[4 e + (2 b + (qq >> 1))]: a select, no dynamic index
-    const int k = 2 * b + (qq >> 1);
-    const uint32_t w = k == 0 ? s[4 * e] : k == 1 ? s[4 * e + 1] : k == 2 ? s[4 * e + 2] : s[4 * e + 3];
-#pragma unroll
-    for (int h0 = 0; h0 < 2; ++h0) {
-      const int h = h0 ^ b;  // the 8 lanes of a key on 8 bank groups (with the order below)
-      RawKey r;
-      r.w[0] = h == 0 ? raw.x : raw.z;
-      r.w[1] = h == 0 ? raw.y : raw.w;
-      const uint32_t sb = (w >> (8 * (2 * (qq & 1) + h))) & 0xFFu;
-      e2m1x16_to_bf16(r, kvcodec::e4m3_to_float(sb), v);
-      store_16_ordered(stage, 2 * (2 * e + b) + (qq >> 1), row, 4 * (qq & 1) + 2 * h, v,
-                       (qq >> 1) & 1);
-    }
-  } else {
-    uint32_t byte = 0;  // the e8m0 formats' scale byte
-    float scale = 0.f;
-    if constexpr (D == 576) {
-      scale = kvcodec::u2f(s[e]);  // 128 dims a float scale
-    } else if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {
-      byte = (s[e >> 1] >> (8 * (2 * (e & 1) + b))) & 0xFFu;  // 64 dims a scale
-    } else {
-      byte = (s[e] >> (8 * (2 * b + (qq >> 1)))) & 0xFFu;  // fp8_mx: 32 dims a scale
-    }
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-    if constexpr (kFast) {
-      const uint32_t mul = D == 576 ? bf16x2_splat(scale * 0x1p120f) : ((byte + 120u) << 7) * 0x10001u;
-      e4m3x16_to_bf16_fast(w, mul, v);
-    } else {
-      RawKey r;
-      r.w[0] = w[0], r.w[1] = w[1], r.w[2] = w[2], r.w[3] = w[3];
-      e4m3x16_to_bf16(r, D == 576 ? scale : kvcodec::e8m0_to_float(byte), v);
-    }
-    store_16_ordered(stage, 2 * e + b, row, 2 * qq, v, b);  // b: the odd piece's lanes
-  }
-}
-
-template <int D, int kCodec>
-__device__ __forceinline__ void ring_decode_key8(uint32_t rec, int q, char* stage, int row) {
-  constexpr int kData = ring_data_bytes<D, kCodec>();
-  constexpr int kChunks = (kData + 127) / 128;
-  uint32_t s[8];
-  ring_load_scales<D, kCodec>(rec, s);
-  uint4 raw[kChunks];
-#pragma unroll
-  for (int e = 0; e < kChunks; ++e) {
-    raw[e] = 128 * e + 16 * q < kData ? lds128(rec + 128 * e + 16 * q) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  const bool fast = stream_fast<D, kCodec>(s);
-#pragma unroll
-  for (int e = 0; e < kChunks; ++e) {
-    if (128 * e + 16 * q >= kData) continue;  // (fp8_model1's last 64 B: its RoPE piece)
-    if (fast) {
-      ring_decode_chunk8<D, kCodec, true>(raw[e], s, e, q, stage, row);
-    } else {
-      ring_decode_chunk8<D, kCodec, false>(raw[e], s, e, q, stage, row);
-    }
-  }
-  if constexpr (ring_has_rope<D, kCodec>()) {
-    char* piece = stage + (D == 576 ? 8 : 7) * 8192 + row * 128;
-    *reinterpret_cast<uint4*>(piece + ((q ^ (row & 7)) << 4)) =
-        lds128(rec + ring_rope_at<D, kCodec>() + 16 * q);
-  }
-}
-
-// A round's key mask of a wide-ring warp (4 keys: lanes 0, 8, 16, 24) into bits 0 .. 3.
-__device__ __forceinline__ void store_round_mask8(bool ok, int lane, uint32_t* word) {
-  uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x01010101u;
-  mask = (mask | (mask >> 7)) & 0x00030003u;
-  mask = (mask | (mask >> 14)) & 0xFu;
-  if (lane == 0) *word = mask;
-}
-
 template <class Traits, int kCodec>
 __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
                                                 typename Traits::SharedStorage& smem, int problem,
                                                 int split) {
   static_assert(Traits::kRing && Traits::kStages == 1);
   constexpr int D = Traits::kHeadDimQK;
-  // Two decoding warpgroups: 8 warps, 4 keys a warp and a round, 8 lanes a key.
-  constexpr bool kWide = Traits::kProducerWarpgroups == 2;
   constexpr int kRounds = ring_rounds<Traits, kCodec>();
   constexpr int kKeyBytes = ring_key_bytes<D, kCodec>();
   constexpr int kRoundBytes = Traits::kRingRoundKeys * kKeyBytes;
   static_assert(kRounds >= 2 && kRounds * kRoundBytes <= Traits::kRingBytes);
   const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
-  const int q = kWide ? lane & 7 : lane & 3;
-  const int row0 = kWide ? 4 * warp + (lane >> 3) : 8 * warp + (lane >> 2);
+  const int q = lane & 3;
+  const int row0 = 8 * warp + (lane >> 2);
   const Problem keys = problem_of<Traits::kDense>(p, problem);
   const int2 range = split_tiles<Traits::kDense>(p, keys, split);
   const int n_rounds = 2 * (range.y - range.x);
@@ -1219,11 +1086,7 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
     if (n < n_rounds) {
       const SparseCacheParams& c = p.cache[tile_at(keys, range.x + (n >> 1)).cache];
       ok = slot >= 0 && slot < c.num_slots;
-      if constexpr (kWide) {
-        ring_issue_key8<D, kCodec>(c, slot, ok, q, ring + (n % kRounds) * kRoundBytes);
-      } else {
-        ring_issue_key<D, kCodec>(c, slot, ok, q, ring + (n % kRounds) * kRoundBytes);
-      }
+      ring_issue_key<D, kCodec>(c, slot, ok, q, ring + (n % kRounds) * kRoundBytes);
     }
     cp_async_commit();  // (an empty group past the end: the wait below counts groups)
     ok_bits = ok_bits << 1 | (ok ? 1u : 0u);
@@ -1244,13 +1107,8 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
     const bool ok = (ok_bits >> (kRounds - 1)) & 1u;
     // The round's rows of the stage are free once both compute warpgroups are done with them.
     cutlass::arch::ClusterBarrier::wait(&smem.empty[r], (kk & 1) ^ 1);
-    if constexpr (kWide) {
-      ring_decode_key8<D, kCodec>(ring + (n % kRounds) * kRoundBytes, q, dst.local, row0 + 32 * r);
-      store_round_mask8(ok, lane, &smem.valid[0][8 * r + warp]);
-    } else {
-      ring_decode_key<D, kCodec>(ring + (n % kRounds) * kRoundBytes, q, dst, row0 + 32 * r);
-      store_round_mask(ok, lane, &smem.valid[0][4 * r + warp]);
-    }
+    ring_decode_key<D, kCodec>(ring + (n % kRounds) * kRoundBytes, q, dst, row0 + 32 * r);
+    store_round_mask(ok, lane, &smem.valid[0][4 * r + warp]);
     fence_async_smem();  // the generic stores before wgmma's reads
     __syncwarp();
     if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[r]);

@@ -27,8 +27,7 @@ namespace openmla::cuda::sm90 {
 // kRing_: 1 the ring fill (OPENMLA_SPARSE_RING=1; producer.cuh produce_by_ring): quantised
 // keys' raw bytes by cp.async into a ring of rounds (32 keys) in shared memory, decoded from there
 // into ONE bf16 stage whose two rounds have barriers of their own (kernel.cuh: S = Q K^T by
-// round); 2 the same decoded by two producer warpgroups (512 threads, 8 lanes a key;
-// OPENMLA_SPARSE_RING=2); 0 neither.
+// round); 0 not.
 template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
           int kRing_ = 0>
 struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
@@ -39,16 +38,11 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static constexpr bool kStagger = kStagger_;
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
   static constexpr bool kRing = kRing_ > 0;
-  static_assert(kRing_ >= 0 && kRing_ <= 2);
-  static constexpr int kProducerWarpgroups = kRing_ == 2 ? 2 : 1;
+  static_assert(kRing_ == 0 || kRing_ == 1);
   static_assert(!(kRing && kSeesaw), "the ring fill serves quantised keys, the seesaw bf16 ones");
   // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
   // rest).
   static constexpr int kParts = 2;
-  // The two-warpgroup ring's P V: 64 x 128 groups over 2 pieces of V (attention/mla_tiles.h).
-  using Tiles128 = attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 128>;
-  using TiledMmaPV128 = typename Tiles128::TiledMmaPV;
-  using SmemLayoutV128 = typename Tiles128::SmemLayoutV;
   static_assert(!(kDense && kSeesaw), "the seesaw order serves the sparse mode only");
   static constexpr int kHeadDimV = 512;
   static_assert(kHeadDimQK == 576 || kHeadDimQK == 512);
@@ -88,7 +82,7 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   // once QK^T is done; Q + two tiles leave no room for more), at d 512 in buffers of its own.
   static constexpr bool kPInKTile = kNumPieces > 8;
 
-  static constexpr int kNumThreads = 128 * (2 + kProducerWarpgroups);
+  static constexpr int kNumThreads = 384;
   static constexpr int kVHalfDims = kHeadDimV / 2;
   // setmaxnreg: WG0 (S, P and half of O) 232, WG1 (half of O and P) 176, the producer 96:
   // 504 per thread slot = the 384 x 168 the CTA launches with. The dense mode's WG0 keeps its
@@ -98,9 +92,7 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   // mode's (its producer, decoding from shared memory, fits 88).
   static constexpr int kWg0Registers = kSeesaw ? 232 : kDense || kRing ? 240 : 232;
   static constexpr int kWg1Registers = kSeesaw ? 232 : 176;
-  // Two producer warpgroups (kRing_ 2): 240 + 176 + 2 x 48 = 512 a thread slot of 512 threads.
-  static constexpr int kProducerRegisters =
-      kSeesaw ? 40 : kRing_ == 2 ? 48 : kDense || kRing ? 88 : 96;
+  static constexpr int kProducerRegisters = kSeesaw ? 40 : kDense || kRing ? 88 : 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
@@ -122,8 +114,7 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     uint32_t row_code[kDense ? kBlockM : 1];
     // per stage: bit j of word b = key 8 b + j is valid (words, so a CTA pair's peer can write
     // its own with st.async, whose smallest store is 4 bytes)
-    // (two producer warpgroups: word 8 r + w holds warp w's 4 keys of round r in bits 0 .. 3)
-    alignas(16) uint32_t valid[kStages][kProducerWarpgroups * 8];
+    alignas(16) uint32_t valid[kStages][8];
     // the producer filled the stage (4 warp arrivals; with a CTA pair, also the peer's bytes)
     // (the seesaw order: per part, kParts stage + part, producer.cuh produce_halves)
     // (the ring: per round of the one stage, produce_by_ring)
