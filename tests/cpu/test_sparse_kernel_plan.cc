@@ -54,15 +54,18 @@ TEST(SparseKernelPlan, Bf16DecodeKeepsThePlainOrdersWithTheGroupFill) {
 
 TEST(SparseKernelPlan, TheTokenFillStreamsWhereItMeasuredFaster) {
   using F = SparseFillFormat;
-  // Sparse mode: fp8_v32 unpaired round by round, paired streamed; fp8_model1 / fp8_mx
-  // streamed; fp4 round by round.
-  EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1), {}).stream, 0);
+  // Sparse mode, the register fills (CTA pairs; unpaired grids with the ring off, which the fp8
+  // formats otherwise take): fp8_v32 unpaired round by round, paired streamed; fp8_model1 /
+  // fp8_mx streamed; fp4 round by round.
+  SparseKernelSwitches no_ring;
+  no_ring.ring = 0;
+  EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1), no_ring).stream, 0);
   const SparseKernelPlan v32_pair = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), {});
   EXPECT_TRUE(v32_pair.pair);
   EXPECT_EQ(v32_pair.stream, 1);
   for (int m : {1, 2}) {
-    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_Model1, 512, m), {}).stream, 1);
-    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_MX, 512, m), {}).stream, 1);
+    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_Model1, 512, m), no_ring).stream, 1);
+    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_MX, 512, m), no_ring).stream, 1);
     EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, m), {}).stream, 0);
   }
   // Dense mode: every fp8 format streamed, fp4 not.
@@ -126,12 +129,13 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
     s.tiles_per_split = tiles;
     return plan_sparse_kernel(s, sw);
   };
-  // Sparse mode: the fp8 formats on unpaired grids of 4 or more tiles a split.
+  // Sparse mode: the fp8 formats on unpaired grids, splits of any length.
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
     EXPECT_TRUE(ring(f, 1, false, 4).ring);
     EXPECT_TRUE(ring(f, 1, false, 32).ring);
     EXPECT_EQ(ring(f, 1, false, 32).stream, 0);  // a register fill: not in the ring's kernel
-    EXPECT_FALSE(ring(f, 1, false, 2).ring);     // short splits
+    EXPECT_TRUE(ring(f, 1, false, 1).ring);      // short splits (small batches) too
+    EXPECT_TRUE(ring(f, 1, false, 2).ring);
     EXPECT_FALSE(ring(f, 2, false, 32).ring);    // a CTA pair
   }
   EXPECT_FALSE(ring(F::kFP4, 1, false, 32).ring);
