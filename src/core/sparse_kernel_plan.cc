@@ -30,18 +30,20 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
     if (sw.stream == 0 || sw.stream == 1) plan.stream = sw.stream;
   }
   // The ring fill (a fill built for one format, unpaired) where it measured faster (H100,
-  // d551f67, same runs, cold instruction caches): the fp8 formats' sparse grids (1.03-1.10× at
-  // 4+ tiles a split; 1.04-1.17× at one tile, 0.98-1.11× at two: b 1-8), and the dense mode over
-  // fp8_model1 / fp8_mx with 4-32 tiles a split (1.01-1.05×; 0.97-1.01× on longer splits at
-  // 41d2508). Not fp4 (0.87-0.96×: its decode is the heavier), nor fp8_v32's dense mode
-  // (0.95-1.10×, 41d2508), nor the dense mode's short splits.
+  // d551f67 / 05de8d8, same runs, cold instruction caches): the fp8 formats' sparse grids of 4+
+  // tiles a split (1.03-1.10×) and of one (b 1-4 at topk 2048: fp8_v32 1.10-1.17×, fp8_model1
+  // 1.01-1.09×); fp8_v32's of two (1.11-1.15×) and three (not measured) too, not fp8_model1's
+  // (0.96-0.98× at two; fp8_mx, not measured there, follows it); the dense mode over fp8_model1 / fp8_mx with 4-32 tiles a split
+  // (1.01-1.05×; 0.97-1.01× on longer splits at 41d2508). Not fp4 (0.87-0.96×: its decode is the
+  // heavier), nor fp8_v32's dense mode (0.95-1.10×, 41d2508), nor the dense mode's short splits.
   const bool ring_format = shape.format == SparseFillFormat::kFP8_V32 ||
                            shape.format == SparseFillFormat::kFP8_Model1 ||
                            shape.format == SparseFillFormat::kFP8_MX;
+  const int tiles = shape.tiles_per_split;
   const bool ring_default =
       ring_format &&
-      (!shape.dense_mode || (shape.format != SparseFillFormat::kFP8_V32 &&
-                             shape.tiles_per_split >= 4 && shape.tiles_per_split <= 32));
+      (shape.dense_mode ? shape.format != SparseFillFormat::kFP8_V32 && tiles >= 4 && tiles <= 32
+                        : shape.format == SparseFillFormat::kFP8_V32 || tiles <= 1 || tiles >= 4);
   // (Its form decoded by two producer warpgroups, 512 threads, measured 0.85-0.97x and was
   // removed: sparse_decode/NOTES.md.)
   const bool ring = plan.fill_for_format && !plan.pair &&

@@ -129,13 +129,14 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
     s.tiles_per_split = tiles;
     return plan_sparse_kernel(s, sw);
   };
-  // Sparse mode: the fp8 formats on unpaired grids, splits of any length.
+  // Sparse mode: the fp8 formats on unpaired grids, splits of 1 or 4+ tiles (fp8_v32: any).
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
     EXPECT_TRUE(ring(f, 1, false, 4).ring);
     EXPECT_TRUE(ring(f, 1, false, 32).ring);
     EXPECT_EQ(ring(f, 1, false, 32).stream, 0);  // a register fill: not in the ring's kernel
-    EXPECT_TRUE(ring(f, 1, false, 1).ring);      // short splits (small batches) too
-    EXPECT_TRUE(ring(f, 1, false, 2).ring);
+    EXPECT_TRUE(ring(f, 1, false, 1).ring);      // one-tile splits (small batches) too
+    EXPECT_EQ(ring(f, 1, false, 2).ring, f == F::kFP8_V32 ? 1 : 0);
+    EXPECT_EQ(ring(f, 1, false, 3).ring, f == F::kFP8_V32 ? 1 : 0);
     EXPECT_FALSE(ring(f, 2, false, 32).ring);    // a CTA pair
   }
   EXPECT_FALSE(ring(F::kFP4, 1, false, 32).ring);
