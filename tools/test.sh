@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test that can run on this machine: the C++ CPU tier (ctest, then again under ASan +
-# UBSan), the C++ examples built against the installed library, the fuzz targets (tools/fuzz.sh), a
-# model of the sparse kernel's seesaw synchronisation (tools/seesaw_sync_model.py) and the Python
+# UBSan), the C++ examples built against the installed library, the fuzz targets (tools/fuzz.sh),
+# models of the sparse kernel's seesaw and ring synchronisation (tools/seesaw_sync_model.py,
+# tools/ring_sync_model.py) and the Python
 # package's tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are
 # compiled too, so a register spill in any kernel fails here. GPU tests run on a Hopper GPU via
 # tools/device_check.sh. OPENMLA_SKIP_SANITIZE=1, OPENMLA_SKIP_FUZZ=1 and OPENMLA_SKIP_PYTHON=1
@@ -56,11 +57,14 @@ if [ "${OPENMLA_SKIP_FUZZ:-0}" != 1 ]; then
   bash tools/fuzz.sh
 fi
 
-# The seesaw orders' synchronisation (sparse_decode/kernel.cuh) as a model under random
-# interleavings: no deadlock, no buffer race; and each deliberate bug of its self-test is found.
+# The seesaw orders' and the ring fill's synchronisation (sparse_decode/kernel.cuh) as models under
+# random interleavings: no deadlock, no buffer race; and each deliberate bug of a self-test is found.
 echo "== the seesaw synchronisation model (tools/seesaw_sync_model.py)"
 python3 tools/seesaw_sync_model.py --schedules 300 | tail -n 1
 python3 tools/seesaw_sync_model.py --self-test --schedules 300
+echo "== the ring fill's synchronisation model (tools/ring_sync_model.py)"
+python3 tools/ring_sync_model.py --schedules 300 | tail -n 1
+python3 tools/ring_sync_model.py --self-test --schedules 300
 
 if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   echo "== Python: install the package into a fresh venv and run pytest"
