@@ -251,6 +251,12 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests ring OPENMLA_SPARSE_RING=1 'Sparse*:DenseDecodeKVCache*'
   switch_tests ring_unpaired 'OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' 'Sparse*:DenseDecodeKVCache*'
   switch_tests no_ring OPENMLA_SPARSE_RING=0 'Sparse*:DenseDecodeKVCache*'
+  # The ring decoded into three round slots (OPENMLA_SPARSE_SLOTS=1; not yet measured): forced
+  # wherever a ring can run, with the pairs off too (h_q 128 and the dense mode's even m-block
+  # counts on it).
+  switch_tests slots 'OPENMLA_SPARSE_SLOTS=1 OPENMLA_SPARSE_RING=1' 'Sparse*:DenseDecodeKVCache*'
+  switch_tests slots_unpaired 'OPENMLA_SPARSE_SLOTS=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
+    'Sparse*:DenseDecodeKVCache*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

@@ -10,16 +10,18 @@
 #                                  (carry [".deps", ".peers", ".pydeps"]; from the repository root;
 #                                  one device call: the machine is released 30 s after a call)
 #
-# Settings (environment; defaults in brackets: the default forms' rivals, 2026-12-06, session 30):
+# Settings (environment; defaults in brackets: the A/Bs waiting for a device, 2026-12-06, session 30):
 #   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_STAGGER=0 (the earlier orders)]
 #   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
-#   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_RING=0 (the register fills),
-#                OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=0 (the ring at h_q 128 too)]
+#   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_SLOTS=1 (the ring's three
+#                round slots), the same with OPENMLA_SPARSE_PAIR=0 (at h_q 128 too) and
+#                OPENMLA_SPARSE_RING=0 (the register fills)]
 #   PREFILL=0    skips the prefill rows
 #   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
 #                --kv-formats)
-#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_RING=1
-#                and OPENMLA_SPARSE_RING=0]
+#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_SLOTS=1
+#                (where the ring runs), the same with OPENMLA_SPARSE_RING=1 (everywhere but the
+#                pairs), OPENMLA_SPARSE_RING=1 and OPENMLA_SPARSE_RING=0]
 #   ICACHE [cold] --icache of the benchmarks: cold (instruction caches evicted before every timed
 #                call, bench/icache.py) or mixed (as the previous call left them)
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
@@ -54,6 +56,7 @@ if [[ -f "$OUT/summary.txt" ]]; then
   grep -q "^gpu_tests_stream *FAIL" "$OUT/summary.txt" && failed_switches+=" STREAM="
   grep -q "^gpu_tests_groups *FAIL" "$OUT/summary.txt" && failed_switches+=" GROUPS="
   grep -q "^gpu_tests_ring *FAIL" "$OUT/summary.txt" && failed_switches+=" RING=1"
+  grep -q "^gpu_tests_slots.* *FAIL" "$OUT/summary.txt" && failed_switches+=" SLOTS="
 fi
 ab_args() {
   local a f
@@ -73,14 +76,14 @@ if [[ "${PREFILL:-1}" != 0 ]]; then
 fi
 
 if [[ $(left) -gt 120 ]]; then
-  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_RING=0 OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=0}")"
+  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_SLOTS=1 OPENMLA_SPARSE_SLOTS=1,OPENMLA_SPARSE_RING=1,OPENMLA_SPARSE_PAIR=0 OPENMLA_SPARSE_RING=0}")"
   timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-all}" --rounds "${ROUNDS:-10}" \
     --icache "${ICACHE:-cold}" "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
 fi
 
 if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
-  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=0}")"
+  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_SLOTS=1 OPENMLA_SPARSE_SLOTS=1,OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_RING=0}")"
   timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
     --rounds "${ROUNDS:-10}" --icache "${ICACHE:-cold}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
   echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"

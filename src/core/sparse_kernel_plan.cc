@@ -48,7 +48,9 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   // removed: sparse_decode/NOTES.md.)
   const bool ring = plan.fill_for_format && !plan.pair &&
                     (sw.ring == 1 || (ring_default && sw.ring != 0));
-  plan.ring = ring ? 1 : 0;
+  // Three round slots in place of the one stage (OPENMLA_SPARSE_SLOTS=1; not yet measured: by
+  // the switch only; sparse_decode/NOTES.md lever 1).
+  plan.ring = !ring ? 0 : sw.slots == 1 ? 2 : 1;
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill

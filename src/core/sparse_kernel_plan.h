@@ -33,6 +33,7 @@ struct SparseKernelSwitches {
   int stream = -1;    // OPENMLA_SPARSE_STREAM
   int pair = -1;      // OPENMLA_SPARSE_PAIR
   int ring = -1;      // OPENMLA_SPARSE_RING
+  int slots = -1;     // OPENMLA_SPARSE_SLOTS: the ring decoded into three round slots
   bool generic_fill = false;  // OPENMLA_SPARSE_FILL=generic
 };
 
@@ -41,7 +42,7 @@ struct SparseKernelPlan {
   bool pair = false;             // a 2-CTA cluster decodes each tile once
   int stream = 0;                // the token fill's rounds: 0 one by one, 1 streamed
   int ring = 0;                  // 1 the ring fill's kernel (raw bytes by cp.async, one
-                                 // bf16 stage); 0 not
+                                 // bf16 stage), 2 with three round slots; 0 not
   bool seesaw = false;           // compute warpgroups in the seesaw order
   bool stagger = false;          // ... with staggered maxima
   bool group_fill = false;       // bf16 rows by 8-lane groups

@@ -163,6 +163,16 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
       EXPECT_TRUE(ring(f, 2, dense, 32, unpaired).ring);
     }
   }
+  SparseKernelSwitches slots;  // the ring with three round slots, wherever the ring runs
+  slots.slots = 1;
+  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
+    EXPECT_EQ(ring(f, 1, false, 32, slots).ring, 2);
+    EXPECT_EQ(ring(f, 2, false, 32, slots).ring, 0);  // a CTA pair: no ring
+  }
+  EXPECT_EQ(ring(F::kFP4, 1, false, 32, slots).ring, 0);  // (no ring by default)
+  slots.ring = 1;
+  EXPECT_EQ(ring(F::kFP4, 1, false, 32, slots).ring, 2);
+  EXPECT_EQ(ring(F::kFP8_V32, 1, true, 16, slots).ring, 2);
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);

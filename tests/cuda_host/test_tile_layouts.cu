@@ -6,6 +6,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/sm90/attention/mla_tiles.h"
+#include "cuda/sm90/sparse_decode/traits.h"
 
 namespace {
 
@@ -37,32 +38,65 @@ TEST(TileLayouts, ProducerAddressesAreTheKTileLayout) {
   check(K576{}, 576);
 }
 
-// P V reads V as the K tile's bytes transposed (MN-major): the 256-dim view of a warpgroup's half
-// (pieces 4 wg ..) and gemm_pv_by_round_128's 128-dim views (pieces 4 wg + 2 q ..) must address,
-// for every (dim, key), the byte the K tile holds key's dim at.
+// P V reads V as the K tile's bytes transposed (MN-major): a warpgroup's 256-dim view (pieces
+// 4 wg ..) must address, for every (dim, key), the byte the K tile holds key's dim at.
 TEST(TileLayouts, VViewsAreTheKTileTransposed) {
   using Tiles256 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 576, 256>;
-  using Tiles128 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 576, 128>;
   const uintptr_t base = uintptr_t(1) << 20;
   bfloat16_t* stage = reinterpret_cast<bfloat16_t*>(base);
   auto k_tile = make_tensor(make_smem_ptr(stage), Tiles256::SmemLayoutK{});
   auto addr = [](auto const& ref) { return reinterpret_cast<uintptr_t>(raw_pointer_cast(&ref)); };
   for (int wg = 0; wg < 2; ++wg) {
     auto v256 = make_tensor(make_smem_ptr(stage + wg * 4 * 64 * 64), Tiles256::SmemLayoutV{});
-    for (int q = 0; q < 2; ++q) {
-      auto v128 = make_tensor(make_smem_ptr(stage + (wg * 4 + 2 * q) * 64 * 64),
-                              Tiles128::SmemLayoutV{});
-      for (int dim = 0; dim < 128; ++dim) {
-        for (int key = 0; key < 64; ++key) {
-          const int k_dim = 256 * wg + 128 * q + dim;
-          ASSERT_EQ(addr(v128(dim, key)), addr(k_tile(key, k_dim)))
-              << "wg " << wg << " quarter " << q << " dim " << dim << " key " << key;
-          ASSERT_EQ(addr(v256(128 * q + dim, key)), addr(k_tile(key, k_dim)))
-              << "wg " << wg << " dim " << 128 * q + dim << " key " << key;
+    for (int dim = 0; dim < 256; ++dim) {
+      for (int key = 0; key < 64; ++key) {
+        ASSERT_EQ(addr(v256(dim, key)), addr(k_tile(key, 256 * wg + dim)))
+            << "wg " << wg << " dim " << dim << " key " << key;
+      }
+    }
+  }
+}
+
+// The ring fill's rounds (sparse_decode/traits.h): S = Q K^T by round reads a round's 32 keys
+// through SmemLayoutKRound, from rows 32 r .. of the one stage (8 KB pieces) or, with the round
+// slots, from a slot of 4 KB pieces, where the producer (ring_decode_key) writes key k's dims
+// [8 c, 8 c + 8) of piece p at byte p * stride + 128 k + 16 (c ^ (k % 8)); the slots' P V reads
+// a warpgroup's 256 dims of a slot through SmemLayoutVSlot, the same bytes transposed.
+template <int D, int kRing>
+void check_rounds() {
+  using T = openmla::cuda::sm90::SparseDecodeTraits<D, false, false, false, kRing>;
+  constexpr int kPieceStride = kRing == 2 ? 4096 : 8192;
+  const uintptr_t base = uintptr_t(1) << 20;
+  bfloat16_t* slot = reinterpret_cast<bfloat16_t*>(base);
+  auto addr = [](auto const& ref) { return reinterpret_cast<uintptr_t>(raw_pointer_cast(&ref)); };
+  auto k_round = make_tensor(make_smem_ptr(slot), typename T::SmemLayoutKRound{});
+  for (int k = 0; k < 32; ++k) {
+    for (int dim = 0; dim < D; ++dim) {
+      const int piece = dim / 64, c = (dim % 64) / 8;
+      const int bytes = piece * kPieceStride + 128 * k + 16 * (c ^ (k % 8)) + 2 * (dim % 8);
+      ASSERT_EQ(static_cast<int>(addr(k_round(k, dim)) - base), bytes)
+          << "d " << D << " key " << k << " dim " << dim;
+    }
+  }
+  if constexpr (kRing == 2) {
+    static_assert(T::kSlotPieceBytes == kPieceStride && T::kSlotBytes == D / 64 * 4096);
+    for (int wg = 0; wg < 2; ++wg) {
+      auto v = make_tensor(make_smem_ptr(slot + wg * 4 * (kPieceStride / 2)),
+                           typename T::SmemLayoutVSlot{});
+      for (int dim = 0; dim < 256; ++dim) {
+        for (int key = 0; key < 32; ++key) {
+          ASSERT_EQ(addr(v(dim, key)), addr(k_round(key, 256 * wg + dim)))
+              << "d " << D << " wg " << wg << " dim " << dim << " key " << key;
         }
       }
     }
   }
+}
+TEST(TileLayouts, RingRoundsAreTheProducersAddresses) {
+  check_rounds<576, 1>();
+  check_rounds<512, 1>();
+  check_rounds<576, 2>();
+  check_rounds<512, 2>();
 }
 
 }  // namespace

@@ -40,6 +40,35 @@ __device__ __forceinline__ void load_p(const void* buf, TP& tOrP, int t) {
   }
 }
 
+// The same with the fragment's first half (P's k-blocks 0, 1: keys 0-31) at `lo` and its
+// second at `hi`, 4 KB each (sparse decode's round slots keep each half beside its keys).
+template <class TP>
+__device__ __forceinline__ void store_p_halves(void* lo, void* hi, TP& tOrP, int t) {
+  using namespace cute;
+  Tensor P32 = recast<uint32_t>(tOrP);
+  constexpr int kHalf = decltype(size(P32))::value / 8;
+#pragma unroll
+  for (int j = 0; j < 2 * kHalf; ++j) {
+    uint4* dst = static_cast<uint4*>(j < kHalf ? lo : hi);
+    dst[(j % kHalf) * 128 + t] =
+        make_uint4(P32(4 * j), P32(4 * j + 1), P32(4 * j + 2), P32(4 * j + 3));
+  }
+}
+template <class TP>
+__device__ __forceinline__ void load_p_halves(const void* lo, const void* hi, TP& tOrP, int t) {
+  using namespace cute;
+  Tensor P32 = recast<uint32_t>(tOrP);
+  constexpr int kHalf = decltype(size(P32))::value / 8;
+#pragma unroll
+  for (int j = 0; j < 2 * kHalf; ++j) {
+    const uint4 v = static_cast<const uint4*>(j < kHalf ? lo : hi)[(j % kHalf) * 128 + t];
+    P32(4 * j) = v.x;
+    P32(4 * j + 1) = v.y;
+    P32(4 * j + 2) = v.z;
+    P32(4 * j + 3) = v.w;
+  }
+}
+
 // One row of this thread's half of O (row i of the accumulator, already normalised) into `out`
 // (the row's first column of this warpgroup's half) as 16-byte stores. The 4 lanes of a quad
 // hold the row's n-blocks of 8 columns, 2 columns each (lane q: columns 8 nb + 2 q, + 1); a 4 x 4

@@ -94,8 +94,9 @@ __device__ __forceinline__ void gemm_pv(Mma& mma, TP& tOrP, TV const& tOrV, TO& 
 // O += P V as two wgmma groups, over a 64-key tile's keys 0-31 (k-blocks 0, 1) and 32-63 (2, 3),
 // so the first half's keys can be handed back while the second runs (sparse decode's ring fill:
 // warpgroup_wait<1> then means the first half is done).
-template <class Mma, class TP, class TV, class TO>
-__device__ __forceinline__ void gemm_pv_by_round(Mma& mma, TP& tOrP, TV const& tOrV, TO& tOrO) {
+// The groups' frame: `issue_k(k)` issues k-block k's wgmma (its V from one stage or two slots).
+template <class Mma, class TP, class TO, class IssueK>
+__device__ __forceinline__ void pv_by_round_groups(Mma& mma, TP& tOrP, TO& tOrO, IssueK&& issue_k) {
   using namespace cute;
   static_assert(decltype(size<2>(tOrP))::value == 4, "a 64-key tile in four k16 blocks");
   warpgroup_fence_operand(tOrP);
@@ -105,9 +106,28 @@ __device__ __forceinline__ void gemm_pv_by_round(Mma& mma, TP& tOrP, TV const& t
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
-    for (int k = 2 * half; k < 2 * half + 2; ++k) gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+    for (int k = 2 * half; k < 2 * half + 2; ++k) issue_k(k);
     warpgroup_commit_batch();
   }
+}
+template <class Mma, class TP, class TV, class TO>
+__device__ __forceinline__ void gemm_pv_by_round(Mma& mma, TP& tOrP, TV const& tOrV, TO& tOrO) {
+  using cute::_;
+  pv_by_round_groups(mma, tOrP, tOrO,
+                     [&](int k) { cute::gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO); });
+}
+// The same with the halves' V in two round slots (32 keys each: k-blocks 0, 1 of each).
+template <class Mma, class TP, class TV, class TO>
+__device__ __forceinline__ void gemm_pv_by_slots(Mma& mma, TP& tOrP, TV const& tOrV0,
+                                                 TV const& tOrV1, TO& tOrO) {
+  using cute::_;
+  pv_by_round_groups(mma, tOrP, tOrO, [&](int k) {
+    if (k < 2) {
+      cute::gemm(mma, tOrP(_, _, k), tOrV0(_, _, k), tOrO);
+    } else {
+      cute::gemm(mma, tOrP(_, _, k), tOrV1(_, _, k - 2), tOrO);
+    }
+  });
 }
 
 template <class TO, class TP>

@@ -121,6 +121,22 @@ __device__ __forceinline__ uint64_t stage_valid(const uint32_t (&words)[8]) {
          static_cast<uint64_t>(v1.x | v1.y << 8 | v1.z << 16 | v1.w << 24) << 32;
 }
 
+// The round slots' key mask of a tile (traits.h kSlots): keys 0-31 from slot s0's 4 words, 32-63
+// from slot s1's (word w of a slot holds keys 8 w .. 8 w + 7 of its round in its low byte).
+__device__ __forceinline__ uint64_t slots_valid(const uint32_t (&words)[12], int s0, int s1) {
+  const uint4 a = reinterpret_cast<const uint4*>(words)[s0];
+  const uint4 b = reinterpret_cast<const uint4*>(words)[s1];
+  return (a.x | a.y << 8 | a.z << 16 | a.w << 24) |
+         static_cast<uint64_t>(b.x | b.y << 8 | b.z << 16 | b.w << 24) << 32;
+}
+
+// A round slot's RoPE piece (d 576; dead once the slot's QK^T is done): half of P lives there,
+// the keys of that round (attention/fragments.cuh store_p_halves).
+template <class Traits>
+__device__ __forceinline__ void* slot_rope(typename Traits::SharedStorage& smem, int slot) {
+  return smem.k[0] + slot * Traits::kSlotElems + 8 * (Traits::kSlotPieceBytes / 2);
+}
+
 // The seesaw order's P of stage s: at d 576 stage 0's in its RoPE piece (in its R half, which
 // WG1, the reader, frees) and stage 1's in a buffer of its own (its RoPE piece is in stage 1's R
 // half, which WG1 frees before WG0 has read P); at d 512 a buffer each.
@@ -178,6 +194,18 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutKRound{}));
   Tensor tSrSr = partition_fragment_C(mma_qkr, Shape<Int<64>, Int<32>>{});
   static_assert(decltype(size(tSrSr))::value * 2 == decltype(size(tSrS))::value);
+  // The round slots (traits.h kSlots): round n of the CTA's list is in slot n % 3, its (n / 3)-th
+  // use; a warpgroup's V of a slot is its 4 pieces of 32 keys (MN-major), 2 k-blocks. Each
+  // warpgroup releases each round once (WG0 an even round after its tile's P V, an odd one
+  // after the next tile's first QK^T; WG1 both after its P V), so the producer's decode of
+  // round n waits only for round n - 3, whose releases need rounds up to n - 2: no cycle. P of a
+  // tile (d 576: in its two slots' RoPE pieces, dead after the tile's QK^T; d 512: p[0]) and the
+  // row factors are overwritten only by the next tile's softmax, after its round 1 was decoded
+  // into the slot WG1 released once it had loaded them.
+  constexpr bool kSlots = Traits::kSlots;
+  Tensor tOrVs = thr_pv.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * (Traits::kSlotPieceBytes / 2)),
+                  typename Traits::SmemLayoutVSlot{}));  // (MMA,1,2)
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<64>, Int<Traits::kVHalfDims>>{});
   Tensor O = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (2,128)
   Tensor cO = make_identity_tensor(Shape<Int<64>, Int<Traits::kVHalfDims>>{});
@@ -457,12 +485,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           Tensor S_r = make_tensor(tSrS.data() + r * size(tSrSr), tSrSr.layout());
-          wait_full(&smem.full[r], kk & 1, false);
+          const int n = 2 * kk + r;  // (the round slots: round n is in slot n % 3)
+          wait_full(&smem.full[kSlots ? n % 3 : r], kSlots ? (n / 3) & 1 : kk & 1, false);
           warpgroup_fence_operand(S_r);
           warpgroup_arrive();
           // (Q's descriptors formed afresh each round: held across both, they spill WG0)
           auto tSrQ_r = at_offset(tSrQr, 0);
-          auto tSrK_r = at_offset(tSrKr, r * 32 * 128);
+          auto tSrK_r = at_offset(tSrKr, kSlots ? (n % 3) * Traits::kSlotBytes : r * 32 * 128);
 #pragma unroll
           for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
             mma_qkr.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
@@ -471,7 +500,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           warpgroup_commit_batch();
           if (r == 0 && kk > 0) {
             warpgroup_wait<1>();
-            release_stage(&smem.empty[1], lane, false);
+            release_stage(&smem.empty[kSlots ? (n + 2) % 3 : 1], lane, false);  // round n - 1
           }
         }
       } else {
@@ -498,7 +527,12 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       warpgroup_fence_operand(tOrO);
       // Keys the producer found invalid (or past the list's count) never count, nor keys past
       // a row's causal limit (dense mode, s_q > 1).
-      const uint64_t valid = stage_valid(smem.valid[stage]);
+      uint64_t valid;
+      if constexpr (kSlots) {
+        valid = slots_valid(smem.valid[0], (2 * kk) % 3, (2 * kk + 1) % 3);
+      } else {
+        valid = stage_valid(smem.valid[stage]);
+      }
       const int pos0 = 64 * (range.x + kk);
       const bool cut_rows = kDense && first_limit - pos0 < 64;
       if (valid != ~0ull || cut_rows) {
@@ -525,11 +559,22 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
 #pragma unroll
       for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
-      store_p(p_buffer<Traits>(smem, stage), tOrP, t);
+      if constexpr (kSlots && Traits::kPInKTile) {
+        store_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3), slot_rope<Traits>(smem, (2 * kk + 1) % 3),
+                       tOrP, t);
+      } else {
+        store_p(p_buffer<Traits>(smem, stage), tOrP, t);
+      }
       smem.rescale[stage][t] = make_float2(factor[0], factor[1]);
       bar_arrive(stage == 0 ? kBarP0 : kBarP1, 256);
       rescale_rows_if(O, factor);
-      if constexpr (Traits::kRing) {
+      if constexpr (kSlots) {
+        const int s0 = (2 * kk) % 3;
+        gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
+                         at_offset(tOrVs, (2 * kk + 1) % 3 * Traits::kSlotBytes), tOrO);
+        warpgroup_wait<1>();
+        release_stage(&smem.empty[s0], lane, false);  // round 0's keys (round 1's: above)
+      } else if constexpr (Traits::kRing) {
         gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
         warpgroup_wait<1>();
         release_stage(&smem.empty[0], lane, false);  // round 0's keys (round 1's: above)
@@ -547,17 +592,33 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     for (int kk = 0; kk < n_tiles; ++kk) {
       const int stage = Traits::kRing ? 0 : kk & 1;
       bar_sync(stage == 0 ? kBarP0 : kBarP1, 256);
-      if constexpr (Traits::kRing) {
+      if constexpr (kSlots) {
+        wait_full(&smem.full[(2 * kk) % 3], (2 * kk / 3) & 1, false);
+        wait_full(&smem.full[(2 * kk + 1) % 3], ((2 * kk + 1) / 3) & 1, false);
+      } else if constexpr (Traits::kRing) {
         wait_full(&smem.full[0], kk & 1, false);
         wait_full(&smem.full[1], kk & 1, false);
       } else {
         wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
       }
-      load_p(p_buffer<Traits>(smem, stage), tOrP, t);
+      if constexpr (kSlots && Traits::kPInKTile) {
+        load_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3), slot_rope<Traits>(smem, (2 * kk + 1) % 3),
+                      tOrP, t);
+      } else {
+        load_p(p_buffer<Traits>(smem, stage), tOrP, t);
+      }
       const float2 f = smem.rescale[stage][t];
       const float factor[2] = {f.x, f.y};
       rescale_rows_if(O, factor);
-      if constexpr (Traits::kRing) {  // each round's keys handed back as its P V completes
+      if constexpr (kSlots) {  // each round's keys handed back as its P V completes
+        const int s0 = (2 * kk) % 3, s1 = (2 * kk + 1) % 3;
+        gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
+                         at_offset(tOrVs, s1 * Traits::kSlotBytes), tOrO);
+        warpgroup_wait<1>();
+        release_stage(&smem.empty[s0], lane, false);
+        wait_pv(tOrO, tOrP);
+        release_stage(&smem.empty[s1], lane, false);
+      } else if constexpr (Traits::kRing) {  // each round's keys handed back as its P V completes
         gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
         warpgroup_wait<1>();
         release_stage(&smem.empty[0], lane, false);
@@ -746,7 +807,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       } else if constexpr (Traits::kRing) {
         // per round of the one stage: the 4 producer warps; the 8 compute warps
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < Traits::kBarriers; ++r) {  // (the round slots: per slot)
           cutlass::arch::ClusterBarrier::init(&smem.full[r], 4);
           cutlass::arch::ClusterBarrier::init(&smem.empty[r], 8);
         }
@@ -816,6 +877,10 @@ cudaError_t launch_sparse_decode_traits(const SparseDecodeParams& params, cudaSt
 // The ring fill's kernel (params.ring; its own instantiations, instantiations/ring_*.cu).
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStream_t stream) {
+  if (params.ring == 2) {  // decoded into three round slots (traits.h kSlots)
+    return launch_sparse_decode_traits<
+        SparseDecodeTraits<kHeadDimQK, kDense, false, false, 2>>(params, stream);
+  }
   return launch_sparse_decode_traits<
       SparseDecodeTraits<kHeadDimQK, kDense, false, false, 1>>(params, stream);
 }

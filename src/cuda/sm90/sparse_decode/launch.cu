@@ -45,6 +45,7 @@ core::SparseKernelSwitches env_switches() {
   sw.stream = env_switch("OPENMLA_SPARSE_STREAM");
   sw.pair = env_switch("OPENMLA_SPARSE_PAIR");
   sw.ring = env_switch("OPENMLA_SPARSE_RING");
+  sw.slots = env_switch("OPENMLA_SPARSE_SLOTS");
   sw.generic_fill = env_is("OPENMLA_SPARSE_FILL", "generic");
   return sw;
 }

@@ -435,11 +435,12 @@ struct StageDst {
   uint32_t peer;      // the peer's stage (shared::cluster)
   uint32_t peer_bar;  // the peer's full barrier of the stage: st.async completes bytes on it
 };
-// 16 bf16 dims (8 words) into chunks `chunk`, `chunk` + 1 of row `row` of piece `piece`.
-template <bool kPair>
+// 16 bf16 dims (8 words) into chunks `chunk`, `chunk` + 1 of row `row` of piece `piece` (pieces
+// kPieceStride bytes apart: 8 KB in a stage, 4 KB in a round slot).
+template <bool kPair, int kPieceStride = 8192>
 __device__ __forceinline__ void store_16(const StageDst& dst, int piece, int row, int chunk,
                                          const uint32_t (&v)[8]) {
-  const int off = piece * 8192 + row * 128;
+  const int off = piece * kPieceStride + row * 128;
   const int o0 = off + ((chunk ^ (row & 7)) << 4), o1 = off + (((chunk + 1) ^ (row & 7)) << 4);
   const uint4 lo = make_uint4(v[0], v[1], v[2], v[3]), hi = make_uint4(v[4], v[5], v[6], v[7]);
   if constexpr (kPair) {  // shared-window stores by address (generic ones cost 64-bit registers)
@@ -724,7 +725,7 @@ __device__ __forceinline__ void stream_scales(const TokenPtr& t, bool ok, uint32
   }
 }
 // Chunk e of a thread's quarter of a key, decoded into the stage (store_token's chunk e).
-template <int D, int kCodec>
+template <int D, int kCodec, int kPieceStride = 8192>
 __device__ __forceinline__ void stream_store_chunk(const uint4& raw, const uint32_t (&s)[8], int e,
                                                    int q, const StageDst& dst, int row) {
   auto byte_of = [](uint32_t w, int i) { return (w >> (8 * i)) & 0xFFu; };
@@ -738,7 +739,7 @@ __device__ __forceinline__ void stream_store_chunk(const uint4& raw, const uint3
       r.w[0] = h == 0 ? raw.x : raw.z;
       r.w[1] = h == 0 ? raw.y : raw.w;
       e2m1x16_to_bf16(r, kvcodec::e4m3_to_float(byte_of(w, 2 * (q & 1) + h)), v);
-      store_16<false>(dst, 2 * e + (q >> 1), row, 4 * (q & 1) + 2 * h, v);
+      store_16<false, kPieceStride>(dst, 2 * e + (q >> 1), row, 4 * (q & 1) + 2 * h, v);
     }
   } else {
     float scale;
@@ -752,7 +753,7 @@ __device__ __forceinline__ void stream_store_chunk(const uint4& raw, const uint3
     RawKey r;
     r.w[0] = raw.x, r.w[1] = raw.y, r.w[2] = raw.z, r.w[3] = raw.w;
     e4m3x16_to_bf16(r, scale, v);
-    store_16<false>(dst, e, row, 2 * q, v);
+    store_16<false, kPieceStride>(dst, e, row, 2 * q, v);
   }
 }
 
@@ -785,12 +786,12 @@ __device__ __forceinline__ bool stream_fast(const uint32_t (&s)[8]) {
   }
 }
 // stream_store_chunk where stream_fast holds: the fast paths only.
-template <int D, int kCodec>
+template <int D, int kCodec, int kPieceStride = 8192>
 __device__ __forceinline__ void stream_store_chunk_fast(const uint4& raw, const uint32_t (&s)[8],
                                                         int e, int q, const StageDst& dst,
                                                         int row) {
   if constexpr (kCodec == static_cast<int>(Codec::kFP4)) {
-    stream_store_chunk<D, kCodec>(raw, s, e, q, dst, row);  // (its check is one NaN test)
+    stream_store_chunk<D, kCodec, kPieceStride>(raw, s, e, q, dst, row);  // (one NaN test)
   } else {
     uint32_t mul;
     if constexpr (D == 576) {
@@ -805,7 +806,7 @@ __device__ __forceinline__ void stream_store_chunk_fast(const uint4& raw, const 
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
     uint32_t v[8];
     e4m3x16_to_bf16_fast(w, mul, v);
-    store_16<false>(dst, e, row, 2 * q, v);
+    store_16<false, kPieceStride>(dst, e, row, 2 * q, v);
   }
 }
 
@@ -1025,8 +1026,8 @@ __device__ __forceinline__ void ring_load_scales(uint32_t rec, uint32_t (&s)[8])
 }
 
 // A thread's quarter of one key from its ring record into stage row `row` (the streaming fill's
-// decode; RoPE chunks q and q + 4 copied as they are).
-template <int D, int kCodec>
+// decode; RoPE chunks q and q + 4 copied as they are); pieces kPieceStride bytes apart.
+template <int D, int kCodec, int kPieceStride = 8192>
 __device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const StageDst& dst, int row) {
   constexpr int kChunks = stream_chunks<D, kCodec>();
   uint32_t s[8];
@@ -1036,13 +1037,17 @@ __device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const Stage
   for (int e = 0; e < kChunks; ++e) raw[e] = lds128(rec + 64 * e + 16 * q);
   if (stream_fast<D, kCodec>(s)) {
 #pragma unroll
-    for (int e = 0; e < kChunks; ++e) stream_store_chunk_fast<D, kCodec>(raw[e], s, e, q, dst, row);
+    for (int e = 0; e < kChunks; ++e) {
+      stream_store_chunk_fast<D, kCodec, kPieceStride>(raw[e], s, e, q, dst, row);
+    }
   } else {
 #pragma unroll
-    for (int e = 0; e < kChunks; ++e) stream_store_chunk<D, kCodec>(raw[e], s, e, q, dst, row);
+    for (int e = 0; e < kChunks; ++e) {
+      stream_store_chunk<D, kCodec, kPieceStride>(raw[e], s, e, q, dst, row);
+    }
   }
   if constexpr (ring_has_rope<D, kCodec>()) {
-    char* piece = dst.local + (D == 576 ? 8 : 7) * 8192 + row * 128;
+    char* piece = dst.local + (D == 576 ? 8 : 7) * kPieceStride + row * 128;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int chunk = q + 4 * h;
@@ -1075,6 +1080,9 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
     return slot_of<Traits::kDense>(p, tile_at(keys, k), keys, row0 + 32 * (n & 1));
   };
   const uint32_t ring = smem_u32(smem.ring) + row0 * kKeyBytes;  // + (n % kRounds) kRoundBytes
+  // The round slots (Traits::kSlots): round n into slot n % 3, its (n / 3)-th use.
+  constexpr bool kSlots = Traits::kSlots;
+  int slot = 0, use = 0;
   StageDst dst;
   dst.local = reinterpret_cast<char*>(smem.k[0]);
   dst.peer = 0u;
@@ -1097,7 +1105,7 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
   int slot_a = slot_at(kRounds - 1), slot_b = slot_at(kRounds);
 #pragma unroll 1
   for (int n = 0; n < n_rounds; ++n) {
-    const int r = n & 1, kk = n >> 1;
+    [[maybe_unused]] const int r = n & 1, kk = n >> 1;  // (the one stage's round, tile)
     __syncwarp();  // every lane's reads of round n - 1's records (the slot reissued now) are done
     issue(n + kRounds - 1, slot_a);
     slot_a = slot_b;
@@ -1105,13 +1113,27 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
     cp_async_wait_group<kRounds - 1>();  // this thread's copies of round n have landed
     __syncwarp();                         // and every lane's
     const bool ok = (ok_bits >> (kRounds - 1)) & 1u;
-    // The round's rows of the stage are free once both compute warpgroups are done with them.
-    cutlass::arch::ClusterBarrier::wait(&smem.empty[r], (kk & 1) ^ 1);
-    ring_decode_key<D, kCodec>(ring + (n % kRounds) * kRoundBytes, q, dst, row0 + 32 * r);
-    store_round_mask(ok, lane, &smem.valid[0][4 * r + warp]);
-    fence_async_smem();  // the generic stores before wgmma's reads
-    __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[r]);
+    if constexpr (kSlots) {
+      // The slot is free once both compute warpgroups are done with its previous round.
+      cutlass::arch::ClusterBarrier::wait(&smem.empty[slot], (use & 1) ^ 1);
+      StageDst in_slot = dst;
+      in_slot.local += slot * Traits::kSlotBytes;
+      ring_decode_key<D, kCodec, Traits::kSlotPieceBytes>(ring + (n % kRounds) * kRoundBytes, q,
+                                                          in_slot, row0);
+      store_round_mask(ok, lane, &smem.valid[0][4 * slot + warp]);
+      fence_async_smem();  // the generic stores before wgmma's reads
+      __syncwarp();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[slot]);
+      if (++slot == 3) slot = 0, ++use;
+    } else {
+      // The round's rows of the stage are free once both compute warpgroups are done with them.
+      cutlass::arch::ClusterBarrier::wait(&smem.empty[r], (kk & 1) ^ 1);
+      ring_decode_key<D, kCodec>(ring + (n % kRounds) * kRoundBytes, q, dst, row0 + 32 * r);
+      store_round_mask(ok, lane, &smem.valid[0][4 * r + warp]);
+      fence_async_smem();  // the generic stores before wgmma's reads
+      __syncwarp();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[r]);
+    }
   }
   asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
 }

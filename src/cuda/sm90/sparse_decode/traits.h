@@ -27,7 +27,8 @@ namespace openmla::cuda::sm90 {
 // kRing_: 1 the ring fill (OPENMLA_SPARSE_RING=1; producer.cuh produce_by_ring): quantised
 // keys' raw bytes by cp.async into a ring of rounds (32 keys) in shared memory, decoded from there
 // into ONE bf16 stage whose two rounds have barriers of their own (kernel.cuh: S = Q K^T by
-// round); 0 not.
+// round); 2 the same decoded into THREE round slots (OPENMLA_SPARSE_SLOTS=1; NOTES.md lever 1),
+// so the decode of round n + 2 runs while the compute warpgroups hold rounds n and n + 1; 0 not.
 template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
           int kRing_ = 0>
 struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
@@ -38,7 +39,8 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static constexpr bool kStagger = kStagger_;
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
   static constexpr bool kRing = kRing_ > 0;
-  static_assert(kRing_ == 0 || kRing_ == 1);
+  static constexpr bool kSlots = kRing_ == 2;
+  static_assert(kRing_ >= 0 && kRing_ <= 2);
   static_assert(!(kRing && kSeesaw), "the ring fill serves quantised keys, the seesaw bf16 ones");
   // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
   // rest).
@@ -58,26 +60,41 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   static constexpr int kTileElems = kBlockN * kHeadDimQK;
   static constexpr int kStageBytes = kTileElems * 2;
   static constexpr int kStages = kRing ? 1 : 2;
+  // The round slots (kSlots): slot s holds a round's 32 keys as 9 (8) pieces of 32 rows x 64
+  // dims (4 KB each, the stage's layout with half its rows), at s * kSlotBytes of k[0].
+  static constexpr int kSlotKeys = 32;
+  static constexpr int kSlotElems = kSlotKeys * kHeadDimQK;
+  static constexpr int kSlotBytes = kSlotElems * 2;
+  static constexpr int kSlotPieceBytes = kSlotKeys * 128;
+  static constexpr int kStageElems = kSlots ? 3 * kSlotElems : kTileElems;
   // The ring fill: a round is 32 keys; a key's raw record (data, scales, RoPE) is at most 704 B
   // (fp8_v32, fp8_model1; a stride of 64 mod 128 B, so the 2 keys x 4 quarters of a quarter-warp
   // read 8 different 16 B bank groups). Three such rounds at d 576 (Q and the stage take the
-  // rest), four at d 512 (227 KB exactly in the dense mode); fp4's 320 B records: eight.
+  // rest), four at d 512 (227 KB exactly in the dense mode); fp4's 320 B records: eight. With
+  // the round slots two (the third slot takes the room).
   static constexpr int kRingRoundKeys = 32;
-  static constexpr int kRingBytes = kRing ? (kHeadDimQK == 576 ? 3 : 4) * kRingRoundKeys * 704 : 16;
+  static constexpr int kRingBytes =
+      kRing ? (kSlots ? 2 : kHeadDimQK == 576 ? 3 : 4) * kRingRoundKeys * 704 : 16;
   // The ring's S = Q K^T by round: a round's keys are rows 32 r .. 32 r + 31 of every piece
-  // (the K tile's layout with 32 rows and the same 8 KB piece stride), 64 x 32 x 16 wgmma.
+  // (the K tile's layout with 32 rows and the same 8 KB piece stride; a slot's pieces are 4 KB
+  // apart), 64 x 32 x 16 wgmma.
   using SmemLayoutKRound = decltype(cute::composition(
       cute::Swizzle<3, 4, 3>{}, cute::smem_ptr_flag_bits<16>{},
       cute::Layout<cute::Shape<cute::Shape<cute::_8, cute::_4>,
                                cute::Shape<cute::_64, cute::Int<kHeadDimQK / 64>>>,
                    cute::Stride<cute::Stride<cute::_64, cute::_512>,
-                                cute::Stride<cute::_1, cute::_4096>>>{}));
+                                cute::Stride<cute::_1, cute::Int<kSlots ? 2048 : 4096>>>>{}));
+  // A slot's V for a warpgroup's P V: 256 dims x 32 keys, MN-major, atoms along keys first
+  // (attention/mla_tiles.h SmemLayoutV with 32 keys: one 4 KB piece per 64 dims).
+  using SmemLayoutVSlot = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<cute::bfloat16_t>{}, cute::Shape<cute::_256, cute::_32>{},
+      cute::Step<cute::_2, cute::_1>{}));
   using TiledMmaQKRound = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::_32, cute::_64>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>()));
   // Full / empty barriers: per stage, per part of a stage (the seesaw) or per round (the ring).
-  static constexpr int kBarriers = kSeesaw ? kParts * kStages : kRing ? 2 : kStages;
+  static constexpr int kBarriers = kSeesaw ? kParts * kStages : kSlots ? 3 : kRing ? 2 : kStages;
   // P (64 x 64 bf16) crosses from WG0 to WG1. At d 576 it lives in the stage's RoPE piece (dead
   // once QK^T is done; Q + two tiles leave no room for more), at d 512 in buffers of its own.
   static constexpr bool kPInKTile = kNumPieces > 8;
@@ -102,7 +119,7 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
 
   struct SharedStorage {
     alignas(1024) Element q[kBlockM * kHeadDimQK];
-    alignas(1024) Element k[kStages][kTileElems];  // [stage][piece][64 keys][64 dims]
+    alignas(1024) Element k[kStages][kStageElems];  // [stage][piece][64 keys][64 dims]
     // The seesaw order at d 576: stage 0's P in its RoPE piece, stage 1's here.
     alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile && !kSeesaw ? 8 : kBlockM * kBlockN];
     // WG0 -> WG1: O's row factors of the tile, thread-major (the seesaw order: both warpgroups'
@@ -114,7 +131,8 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     uint32_t row_code[kDense ? kBlockM : 1];
     // per stage: bit j of word b = key 8 b + j is valid (words, so a CTA pair's peer can write
     // its own with st.async, whose smallest store is 4 bytes)
-    alignas(16) uint32_t valid[kStages][8];
+    // (the round slots: words 4 s .. 4 s + 3 for slot s, keys 8 w .. 8 w + 7 of its round)
+    alignas(16) uint32_t valid[kStages][kSlots ? 12 : 8];
     // the producer filled the stage (4 warp arrivals; with a CTA pair, also the peer's bytes)
     // (the seesaw order: per part, kParts stage + part, producer.cuh produce_halves)
     // (the ring: per round of the one stage, produce_by_ring)
