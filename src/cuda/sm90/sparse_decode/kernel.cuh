@@ -560,8 +560,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
       for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
       if constexpr (kSlots && Traits::kPInKTile) {
-        store_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3), slot_rope<Traits>(smem, (2 * kk + 1) % 3),
-                       tOrP, t);
+        store_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3),
+                       slot_rope<Traits>(smem, (2 * kk + 1) % 3), tOrP, t);
       } else {
         store_p(p_buffer<Traits>(smem, stage), tOrP, t);
       }
@@ -602,8 +602,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
       }
       if constexpr (kSlots && Traits::kPInKTile) {
-        load_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3), slot_rope<Traits>(smem, (2 * kk + 1) % 3),
-                      tOrP, t);
+        load_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3),
+                      slot_rope<Traits>(smem, (2 * kk + 1) % 3), tOrP, t);
       } else {
         load_p(p_buffer<Traits>(smem, stage), tOrP, t);
       }
