@@ -22,9 +22,7 @@ import argparse
 import random
 import sys
 
-
-class Finding(Exception):
-    pass
+from sync_model import Finding, run_agents, self_test
 
 
 class World:
@@ -159,18 +157,7 @@ def consumer(w: World, wg: int):
 def run_one(n_tiles, slots, d576, rng, mutation=""):
     w = World(n_tiles, slots, d576, mutation)
     agents = {"producer": producer(w), "WG0": consumer(w, 0), "WG1": consumer(w, 1)}
-    waiting = {a: None for a in agents}
-    done = set()
-    while len(done) < len(agents):
-        runnable = [a for a in agents if a not in done and (waiting[a] is None or waiting[a]())]
-        if not runnable:
-            raise Finding("deadlock: " + ", ".join(a for a in agents if a not in done) +
-                          " all waiting")
-        a = rng.choice(runnable)
-        try:
-            waiting[a] = next(agents[a])
-        except StopIteration:
-            done.add(a)
+    run_agents(agents, rng)
     # Every round is released by both warpgroups but the last, which WG0 never hands back (its
     # release would come with a next tile's first QK^T): 4 arrivals stay on its barrier.
     last = w.where(2 * n_tiles - 1)[0] if n_tiles else -1
@@ -189,20 +176,8 @@ def main(argv) -> int:
                     help="check that each deliberate bug of the round slots is found")
     args = ap.parse_args(argv)
     if args.self_test:
-        missed = 0
-        for mutation in MUTATIONS:
-            found = None
-            for n_tiles in range(1, 8):
-                rng = random.Random(n_tiles)
-                try:
-                    for _ in range(args.schedules):
-                        run_one(n_tiles, True, True, rng, mutation)
-                except Finding as f:
-                    found = f"tiles {n_tiles}: {f}"
-                    break
-            print(f"mutation {mutation}: {'found, ' + found if found else 'MISSED'}")
-            missed += found is None
-        return 1 if missed else 0
+        return self_test(MUTATIONS, 7, args.schedules,
+                         lambda n_tiles, rng, mutation: run_one(n_tiles, True, True, rng, mutation))
     bad = 0
     for slots in (False, True):
         for d576 in (False, True):

@@ -24,9 +24,7 @@ import argparse
 import random
 import sys
 
-
-class Finding(Exception):
-    pass
+from sync_model import Finding, run_agents, self_test
 
 
 class World:
@@ -239,18 +237,7 @@ def run_one(n_tiles: int, stagger: bool, d576: bool, rng: random.Random,
     w = World(n_tiles, stagger, d576, mutation)
     nb = Named(w)
     agents = {"producer": producer(w), "WG0": consumer(w, 0, nb), "WG1": consumer(w, 1, nb)}
-    waiting = {name: None for name in agents}
-    done = set()
-    while len(done) < len(agents):
-        runnable = [a for a in agents if a not in done and (waiting[a] is None or waiting[a]())]
-        if not runnable:
-            raise Finding("deadlock: " + ", ".join(a for a in agents if a not in done) +
-                          " all waiting")
-        a = rng.choice(runnable)
-        try:
-            waiting[a] = next(agents[a])
-        except StopIteration:
-            done.add(a)
+    run_agents(agents, rng)
     # every stage half the producer filled was released (the barriers end balanced)
     for i in range(len(w.empty)):
         if w.empty[i][0] != 0:
@@ -265,21 +252,9 @@ def main(argv) -> int:
                     help="check that each deliberate bug of the stagger is found")
     args = ap.parse_args(argv)
     if args.self_test:
-        missed = 0
-        for mutation in ("no_zero_tile", "wg1_no_max_wait", "wg0_no_final_wait",
-                         "wg1_releases_r0_early", "pv_hands_back_before_reading"):
-            found = None
-            for n_tiles in range(1, 9):
-                rng = random.Random(n_tiles)
-                try:
-                    for _ in range(args.schedules):
-                        run_one(n_tiles, True, True, rng, mutation)
-                except Finding as f:
-                    found = f"tiles {n_tiles}: {f}"
-                    break
-            print(f"mutation {mutation}: {'found, ' + found if found else 'MISSED'}")
-            missed += found is None
-        return 1 if missed else 0
+        return self_test(("no_zero_tile", "wg1_no_max_wait", "wg0_no_final_wait",
+                         "wg1_releases_r0_early", "pv_hands_back_before_reading"), 8, args.schedules,
+                         lambda n_tiles, rng, mutation: run_one(n_tiles, True, True, rng, mutation))
     orders = {"all": (False, True), "seesaw": (False,), "stagger": (True,)}[args.order]
     bad = 0
     for stagger in orders:
