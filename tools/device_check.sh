@@ -226,9 +226,9 @@ fi
 run_tests gpu_tests "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt"
 # Quantised caches take the token fill wherever their parts are aligned; the warp-per-key fill
 # (unaligned layouts, and OPENMLA_SPARSE_FILL=keys) is tested for every format here.
-# h_q 128 (and the dense mode's even m-block counts) run as CTA pairs by default; the unpaired
-# launch is tested too. bf16 tiles run the seesaw order where it is faster; the default order
-# is tested for every shape too.
+# h_q 128 (and the dense mode's even m-block counts) run as CTA pairs by default but where the
+# slot ring runs unpaired (below); the unpaired launch is tested too. bf16 tiles run the seesaw
+# order where it is faster; the default order is tested for every shape too.
 if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests keys_fill OPENMLA_SPARSE_FILL=keys 'Sparse*:DenseDecodeKVCache*'
   switch_tests unpaired OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
@@ -246,16 +246,17 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests groups OPENMLA_SPARSE_GROUPS=1 'Sparse*'
   switch_tests no_groups OPENMLA_SPARSE_GROUPS=0 'SparsePrefill*'
   # The ring fill's kernel (quantised keys of one format, unpaired; the default where it
-  # measured faster, core/sparse_kernel_plan.cc): everywhere it can run (=1), and with the pairs
-  # off (h_q 128 on it too); off (=0: the register fills where the ring is the default).
+  # measured faster, core/sparse_kernel_plan.cc, in three round slots but on fp8_v32's one-tile
+  # splits; h_q 128 unpaired for it on long fp8 splits): everywhere it can run (=1), and with the
+  # pairs off (h_q 128 on it everywhere); off (=0: the register fills and the pairs); the pairs
+  # forced (PAIR=1); the one-stage form wherever the ring runs (SLOTS=0), and forced everywhere
+  # with the pairs off.
   switch_tests ring OPENMLA_SPARSE_RING=1 'Sparse*:DenseDecodeKVCache*'
   switch_tests ring_unpaired 'OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' 'Sparse*:DenseDecodeKVCache*'
   switch_tests no_ring OPENMLA_SPARSE_RING=0 'Sparse*:DenseDecodeKVCache*'
-  # The ring decoded into three round slots (OPENMLA_SPARSE_SLOTS=1; not yet measured): forced
-  # wherever a ring can run, with the pairs off too (h_q 128 and the dense mode's even m-block
-  # counts on it).
-  switch_tests slots 'OPENMLA_SPARSE_SLOTS=1 OPENMLA_SPARSE_RING=1' 'Sparse*:DenseDecodeKVCache*'
-  switch_tests slots_unpaired 'OPENMLA_SPARSE_SLOTS=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
+  switch_tests paired OPENMLA_SPARSE_PAIR=1 'Sparse*:DenseDecodeKVCache*'
+  switch_tests one_stage OPENMLA_SPARSE_SLOTS=0 'Sparse*:DenseDecodeKVCache*'
+  switch_tests one_stage_unpaired 'OPENMLA_SPARSE_SLOTS=0 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
     'Sparse*:DenseDecodeKVCache*'
 fi
 

@@ -9,8 +9,17 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   plan.fill_for_format =
       quantised && shape.format != SparseFillFormat::kNone && !sw.generic_fill;
   // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
-  // the dense mode's packed rows), a fill built for one format only.
-  plan.pair = plan.fill_for_format && shape.m_blocks % 2 == 0 && sw.pair != 0;
+  // the dense mode's packed rows), a fill built for one format only. Not where the slot ring
+  // (below) runs unpaired by default: the fp8 formats' sparse grids of 4+ tiles a split, where
+  // each CTA decoding every tile itself in the slot ring measured 1.03-1.06x the pair (H100,
+  // 55a8170, same run, cold; h_q 128 b 64/128 s_q 1/2 topk 2048 and V4's rows; fp4 0.93x).
+  const bool fp8_format = shape.format == SparseFillFormat::kFP8_V32 ||
+                          shape.format == SparseFillFormat::kFP8_Model1 ||
+                          shape.format == SparseFillFormat::kFP8_MX;
+  const int tiles = shape.tiles_per_split;
+  const bool unpair_for_slots = !shape.dense_mode && fp8_format && tiles >= 4 && sw.pair != 1 &&
+                                sw.ring != 0 && sw.slots != 0;
+  plan.pair = plan.fill_for_format && shape.m_blocks % 2 == 0 && sw.pair != 0 && !unpair_for_slots;
 
   // The streamed token fill where it measured faster (H100, 16a8ddb, same run): fp8_model1 and
   // fp8_mx always (sparse 1.04-1.07x, dense mode 1.07-1.24x), fp8_v32 in CTA pairs and the dense
@@ -29,28 +38,38 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
     }
     if (sw.stream == 0 || sw.stream == 1) plan.stream = sw.stream;
   }
-  // The ring fill (a fill built for one format, unpaired) where it measured faster (H100,
-  // d551f67 / 05de8d8, same runs, cold instruction caches): the fp8 formats' sparse grids of 4+
-  // tiles a split (1.03-1.10×) and of one (b 1-4 at topk 2048: fp8_v32 1.10-1.17×, fp8_model1
-  // 1.01-1.09×); fp8_v32's of two (1.11-1.15×) and three (not measured) too, not fp8_model1's
-  // (0.96-0.98× at two; fp8_mx, not measured there, follows it); the dense mode over fp8_model1 / fp8_mx with 4-32 tiles a split
-  // (1.01-1.05×; 0.97-1.01× on longer splits at 41d2508). Not fp4 (0.87-0.96×: its decode is the
-  // heavier), nor fp8_v32's dense mode (0.95-1.10×, 41d2508), nor the dense mode's short splits.
-  const bool ring_format = shape.format == SparseFillFormat::kFP8_V32 ||
-                           shape.format == SparseFillFormat::kFP8_Model1 ||
-                           shape.format == SparseFillFormat::kFP8_MX;
-  const int tiles = shape.tiles_per_split;
-  const bool ring_default =
-      ring_format &&
-      (shape.dense_mode ? shape.format != SparseFillFormat::kFP8_V32 && tiles >= 4 && tiles <= 32
-                        : shape.format == SparseFillFormat::kFP8_V32 || tiles <= 1 || tiles >= 4);
-  // (Its form decoded by two producer warpgroups, 512 threads, measured 0.85-0.97x and was
+  // The ring fill (a fill built for one format, unpaired: raw bytes by cp.async, decoded by the
+  // producer warpgroup into shared memory) where it measured faster than the register fills, in
+  // its two forms: three 32-key round slots (ring 2) and one 64-key bf16 stage (ring 1). Measured
+  // on an H100 in same runs with cold instruction caches (55a8170; the one-stage form's own rows
+  // d551f67 / 05de8d8):
+  // - sparse mode, the fp8 formats: the slots 1.03-1.13x the one stage on splits of 16-32 tiles,
+  //   which was 1.03-1.10x the register fills; fp8_v32's one-tile splits keep the one stage (the
+  //   slots 0.95-0.97x there; one stage 1.10-1.17x the register fill), its two-tile splits take
+  //   the slots (1.05x); fp8_model1's one-tile splits the slots (1.00-1.03x) and its two-tile
+  //   splits the slots too (1.11x the register fill, where the one stage was 0.96-0.98x; fp8_mx,
+  //   not measured there, follows it);
+  // - sparse mode, fp4 on splits of 4+ tiles: the slots 1.10-1.13x its register fill (the one
+  //   stage 0.87-0.96x); its short splits are not measured;
+  // - dense mode, splits of 4+ tiles: fp8_model1 / fp8_mx the slots 1.07-1.13x (16-512 tiles),
+  //   fp4 1.03-1.08x, fp8_v32 1.03-1.04x on splits of at most 16 tiles and 0.99x on longer ones
+  //   (which keep the register fill); the dense mode's shorter splits are not measured.
+  // (The ring decoded by two producer warpgroups, 512 threads, measured 0.85-0.97x and was
   // removed: sparse_decode/NOTES.md.)
+  bool slots_default = false, one_stage_default = false;
+  if (!shape.dense_mode) {
+    one_stage_default = shape.format == SparseFillFormat::kFP8_V32 && tiles <= 1;
+    slots_default = (fp8_format && !one_stage_default) ||
+                    (shape.format == SparseFillFormat::kFP4 && tiles >= 4);
+  } else {
+    slots_default = tiles >= 4 && (fp8_format || shape.format == SparseFillFormat::kFP4) &&
+                    (shape.format != SparseFillFormat::kFP8_V32 || tiles <= 16);
+  }
   const bool ring = plan.fill_for_format && !plan.pair &&
-                    (sw.ring == 1 || (ring_default && sw.ring != 0));
-  // Three round slots in place of the one stage (OPENMLA_SPARSE_SLOTS=1; not yet measured: by
-  // the switch only; sparse_decode/NOTES.md lever 1).
-  plan.ring = !ring ? 0 : sw.slots == 1 ? 2 : 1;
+                    (sw.ring == 1 || ((slots_default || one_stage_default) && sw.ring != 0));
+  // OPENMLA_SPARSE_SLOTS picks the form wherever the ring runs; forced on elsewhere, the slots.
+  const bool slots = sw.slots == 1 || (sw.slots != 0 && !one_stage_default);
+  plan.ring = !ring ? 0 : slots ? 2 : 1;
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill

@@ -33,7 +33,7 @@ struct SparseKernelSwitches {
   int stream = -1;    // OPENMLA_SPARSE_STREAM
   int pair = -1;      // OPENMLA_SPARSE_PAIR
   int ring = -1;      // OPENMLA_SPARSE_RING
-  int slots = -1;     // OPENMLA_SPARSE_SLOTS: the ring decoded into three round slots
+  int slots = -1;     // OPENMLA_SPARSE_SLOTS: the ring's form, 0 one stage, 1 three round slots
   bool generic_fill = false;  // OPENMLA_SPARSE_FILL=generic
 };
 

@@ -129,50 +129,64 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
     s.tiles_per_split = tiles;
     return plan_sparse_kernel(s, sw);
   };
-  // Sparse mode: the fp8 formats on unpaired grids, splits of 1 or 4+ tiles (fp8_v32: any).
+  // Sparse mode: the fp8 formats, any split, in three round slots but fp8_v32's one-tile splits
+  // (one stage); h_q 128 unpaired for it on splits of 4+ tiles.
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
-    EXPECT_TRUE(ring(f, 1, false, 4).ring);
-    EXPECT_TRUE(ring(f, 1, false, 32).ring);
+    for (int tiles : {2, 3, 4, 16, 32}) EXPECT_EQ(ring(f, 1, false, tiles).ring, 2);
     EXPECT_EQ(ring(f, 1, false, 32).stream, 0);  // a register fill: not in the ring's kernel
-    EXPECT_TRUE(ring(f, 1, false, 1).ring);      // one-tile splits (small batches) too
-    EXPECT_EQ(ring(f, 1, false, 2).ring, f == F::kFP8_V32 ? 1 : 0);
-    EXPECT_EQ(ring(f, 1, false, 3).ring, f == F::kFP8_V32 ? 1 : 0);
-    EXPECT_FALSE(ring(f, 2, false, 32).ring);    // a CTA pair
+    EXPECT_EQ(ring(f, 1, false, 1).ring, f == F::kFP8_V32 ? 1 : 2);  // one-tile splits
+    const SparseKernelPlan h128 = ring(f, 2, false, 32);
+    EXPECT_FALSE(h128.pair);
+    EXPECT_EQ(h128.ring, 2);
+    EXPECT_TRUE(ring(f, 2, false, 2).pair);  // short splits keep the pair (not measured)
+    EXPECT_EQ(ring(f, 2, false, 2).ring, 0);
   }
-  EXPECT_FALSE(ring(F::kFP4, 1, false, 32).ring);
-  // Dense mode: fp8_model1 and fp8_mx, 4-32 tiles a split.
-  EXPECT_TRUE(ring(F::kFP8_Model1, 1, true, 16).ring);
-  EXPECT_TRUE(ring(F::kFP8_MX, 1, true, 32).ring);
-  EXPECT_FALSE(ring(F::kFP8_Model1, 1, true, 64).ring);
-  EXPECT_FALSE(ring(F::kFP8_MX, 1, true, 2).ring);
-  EXPECT_FALSE(ring(F::kFP8_V32, 1, true, 16).ring);
-  EXPECT_FALSE(ring(F::kFP4, 1, true, 16).ring);
-  // The switch: off anywhere; on wherever the kernel runs (unpaired, one format).
+  // fp4: splits of 4+ tiles, unpaired grids only (the pair at h_q 128: the slots 0.93x there).
+  EXPECT_EQ(ring(F::kFP4, 1, false, 4).ring, 2);
+  EXPECT_EQ(ring(F::kFP4, 1, false, 32).ring, 2);
+  EXPECT_EQ(ring(F::kFP4, 1, false, 2).ring, 0);
+  EXPECT_TRUE(ring(F::kFP4, 2, false, 32).pair);
+  EXPECT_EQ(ring(F::kFP4, 2, false, 32).ring, 0);
+  // Dense mode: splits of 4+ tiles in the slots (fp8_v32 at most 16); the pairs kept.
+  for (F f : {F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
+    for (int tiles : {4, 16, 64, 512}) EXPECT_EQ(ring(f, 1, true, tiles).ring, 2);
+    EXPECT_EQ(ring(f, 1, true, 2).ring, 0);
+    EXPECT_TRUE(ring(f, 2, true, 64).pair);
+  }
+  EXPECT_EQ(ring(F::kFP8_V32, 1, true, 16).ring, 2);
+  EXPECT_EQ(ring(F::kFP8_V32, 1, true, 64).ring, 0);
+  EXPECT_EQ(ring(F::kFP8_V32, 1, true, 2).ring, 0);
+  EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 16).pair);
+  // The switches: the ring off anywhere (the pairs back); on wherever the kernel runs
+  // (unpaired, one format), in the slots unless OPENMLA_SPARSE_SLOTS=0.
   SparseKernelSwitches off;
   off.ring = 0;
   EXPECT_FALSE(ring(F::kFP8_V32, 1, false, 32, off).ring);
+  EXPECT_TRUE(ring(F::kFP8_V32, 2, false, 32, off).pair);
   EXPECT_EQ(ring(F::kFP8_Model1, 1, false, 32, off).stream, 1);
   SparseKernelSwitches on;
   on.ring = 1;
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
     for (bool dense : {false, true}) {
-      EXPECT_TRUE(ring(f, 1, dense, 1, on).ring);
-      EXPECT_FALSE(ring(f, 2, dense, 32, on).ring);  // paired unless the pair is off
+      EXPECT_EQ(ring(f, 1, dense, 2, on).ring, 2);
+      EXPECT_EQ(ring(f, 2, dense, 2, on).ring, 0);  // paired unless the pair is off
       SparseKernelSwitches unpaired = on;
       unpaired.pair = 0;
-      EXPECT_TRUE(ring(f, 2, dense, 32, unpaired).ring);
+      EXPECT_EQ(ring(f, 2, dense, 32, unpaired).ring, 2);
     }
   }
-  SparseKernelSwitches slots;  // the ring with three round slots, wherever the ring runs
+  SparseKernelSwitches paired;  // the pair forced: no ring at h_q 128
+  paired.pair = 1;
+  EXPECT_TRUE(ring(F::kFP8_V32, 2, false, 32, paired).pair);
+  EXPECT_EQ(ring(F::kFP8_V32, 2, false, 32, paired).ring, 0);
+  SparseKernelSwitches one_stage;  // the one-stage form wherever the ring runs; the pairs kept
+  one_stage.slots = 0;
+  EXPECT_EQ(ring(F::kFP8_Model1, 1, false, 32, one_stage).ring, 1);
+  EXPECT_EQ(ring(F::kFP8_MX, 1, true, 16, one_stage).ring, 1);
+  EXPECT_TRUE(ring(F::kFP8_V32, 2, false, 32, one_stage).pair);
+  SparseKernelSwitches slots;  // the slots even on fp8_v32's one-tile splits
   slots.slots = 1;
-  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
-    EXPECT_EQ(ring(f, 1, false, 32, slots).ring, 2);
-    EXPECT_EQ(ring(f, 2, false, 32, slots).ring, 0);  // a CTA pair: no ring
-  }
-  EXPECT_EQ(ring(F::kFP4, 1, false, 32, slots).ring, 0);  // (no ring by default)
-  slots.ring = 1;
-  EXPECT_EQ(ring(F::kFP4, 1, false, 32, slots).ring, 2);
-  EXPECT_EQ(ring(F::kFP8_V32, 1, true, 16, slots).ring, 2);
+  EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, slots).ring, 2);
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);
