@@ -10,15 +10,16 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
       quantised && shape.format != SparseFillFormat::kNone && !sw.generic_fill;
   // m-blocks 2c and 2c + 1 read the same keys: a 2-CTA cluster decodes each tile once (h_q 128;
   // the dense mode's packed rows), a fill built for one format only. Not where the slot ring
-  // (below) runs unpaired by default: the fp8 formats' sparse grids of 4+ tiles a split, where
-  // each CTA decoding every tile itself in the slot ring measured 1.03-1.06x the pair (H100,
-  // 55a8170, same run, cold; h_q 128 b 64/128 s_q 1/2 topk 2048 and V4's rows; fp4 0.93x).
+  // (below) runs unpaired by default, each CTA decoding every tile itself, on the fp8 formats'
+  // splits of 4+ tiles: in the sparse mode (1.03-1.06x the pair; H100, 55a8170, same run, cold;
+  // h_q 128 b 64/128 s_q 1/2 topk 2048 and V4's rows; fp4 0.93x) and the dense mode's splits of
+  // at most 16 tiles (1.01-1.08x; 6e7091e; 0.96-1.00x on longer ones, fp4 0.93-0.97x).
   const bool fp8_format = shape.format == SparseFillFormat::kFP8_V32 ||
                           shape.format == SparseFillFormat::kFP8_Model1 ||
                           shape.format == SparseFillFormat::kFP8_MX;
   const int tiles = shape.tiles_per_split;
-  const bool unpair_for_slots = !shape.dense_mode && fp8_format && tiles >= 4 && sw.pair != 1 &&
-                                sw.ring != 0 && sw.slots != 0;
+  const bool unpair_for_slots = fp8_format && tiles >= 4 && (!shape.dense_mode || tiles <= 16) &&
+                                sw.pair != 1 && sw.ring != 0 && sw.slots != 0;
   plan.pair = plan.fill_for_format && shape.m_blocks % 2 == 0 && sw.pair != 0 && !unpair_for_slots;
 
   // The streamed token fill where it measured faster (H100, 16a8ddb, same run): fp8_model1 and

@@ -147,16 +147,21 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   EXPECT_EQ(ring(F::kFP4, 1, false, 2).ring, 0);
   EXPECT_TRUE(ring(F::kFP4, 2, false, 32).pair);
   EXPECT_EQ(ring(F::kFP4, 2, false, 32).ring, 0);
-  // Dense mode: splits of 4+ tiles in the slots (fp8_v32 at most 16); the pairs kept.
+  // Dense mode: splits of 4+ tiles in the slots (fp8_v32 at most 16); two m-blocks unpaired in
+  // them on the fp8 formats' splits of 4-16 tiles, paired on longer ones and for fp4.
   for (F f : {F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
     for (int tiles : {4, 16, 64, 512}) EXPECT_EQ(ring(f, 1, true, tiles).ring, 2);
     EXPECT_EQ(ring(f, 1, true, 2).ring, 0);
     EXPECT_TRUE(ring(f, 2, true, 64).pair);
+    EXPECT_EQ(ring(f, 2, true, 8).pair, f == F::kFP4);
   }
   EXPECT_EQ(ring(F::kFP8_V32, 1, true, 16).ring, 2);
   EXPECT_EQ(ring(F::kFP8_V32, 1, true, 64).ring, 0);
   EXPECT_EQ(ring(F::kFP8_V32, 1, true, 2).ring, 0);
-  EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 16).pair);
+  EXPECT_FALSE(ring(F::kFP8_V32, 2, true, 16).pair);
+  EXPECT_EQ(ring(F::kFP8_V32, 2, true, 16).ring, 2);
+  EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 32).pair);
+  EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 2).pair);
   // The switches: the ring off anywhere (the pairs back); on wherever the kernel runs
   // (unpaired, one format), in the slots unless OPENMLA_SPARSE_SLOTS=0.
   SparseKernelSwitches off;
