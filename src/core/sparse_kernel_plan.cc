@@ -71,6 +71,9 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   // OPENMLA_SPARSE_SLOTS picks the form wherever the ring runs; forced on elsewhere, the slots.
   const bool slots = sw.slots == 1 || (sw.slots != 0 && !one_stage_default);
   plan.ring = !ring ? 0 : slots ? 2 : 1;
+  // The slots' keys staged as fp16 (OPENMLA_SPARSE_FP16=1; the fp8 formats: SM90 has no e2m1
+  // conversion; not yet measured: by the switch only; sparse_decode/NOTES.md lever 2).
+  if (plan.ring == 2 && fp8_format && sw.fp16 == 1) plan.ring = 3;
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill

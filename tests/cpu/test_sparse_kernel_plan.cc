@@ -192,6 +192,19 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   SparseKernelSwitches slots;  // the slots even on fp8_v32's one-tile splits
   slots.slots = 1;
   EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, slots).ring, 2);
+  // The slots' keys staged as fp16 (form 3) where the slots run over an fp8 format; not fp4
+  // (no e2m1 conversion on SM90), not the one-stage form, not the register fills.
+  SparseKernelSwitches fp16;
+  fp16.fp16 = 1;
+  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
+    EXPECT_EQ(ring(f, 1, false, 32, fp16).ring, 3);
+    EXPECT_EQ(ring(f, 2, false, 32, fp16).ring, 3);  // h_q 128 unpaired in the slots
+    EXPECT_EQ(ring(f, 1, true, 16, fp16).ring, 3);
+    EXPECT_EQ(ring(f, 2, true, 64, fp16).ring, 0);   // the pair
+  }
+  EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, fp16).ring, 1);  // fp8_v32's one-tile splits
+  EXPECT_EQ(ring(F::kFP4, 1, false, 32, fp16).ring, 2);
+  EXPECT_EQ(ring(F::kFP8_V32, 1, false, 32).ring, 2);  // off by default
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);

@@ -82,5 +82,31 @@ __device__ __forceinline__ void softmax_to_p(TS& S, TAcc const& tSrS, const floa
   for (int k = 0; k < size(P32); ++k) P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
 }
 
+// softmax_to_p with each column of P (after the row sums) times col_scale(j) before packing:
+// sparse decode's fp16-staged keys (sparse_decode/traits.h kFp16), whose V rows carry a power of
+// two of their own.
+template <class Element, class TS, class TAcc, class TP, class ColScale>
+__device__ __forceinline__ void softmax_to_p_cols(TS& S, TAcc const& tSrS, const float (&base)[2],
+                                                  float sl2, float (&row_sum)[2], TP& tOrP,
+                                                  ColScale&& col_scale) {
+  using namespace cute;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < size<1>(S); ++j) S(i, j) = exp2_approx(S(i, j) * sl2 - base[i]);
+    row_sum[i] = row_reduce<false>(S, i);
+  }
+#pragma unroll
+  for (int j = 0; j < size<1>(S); ++j) {
+    const float g = col_scale(j);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) S(i, j) *= g;
+  }
+  static_assert(decltype(size(tSrS))::value == 2 * decltype(size(recast<uint32_t>(tOrP)))::value);
+  Tensor P32 = recast<uint32_t>(tOrP);
+#pragma unroll
+  for (int k = 0; k < size(P32); ++k) P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
+}
+
 }  // namespace attention
 }  // namespace openmla::cuda::sm90

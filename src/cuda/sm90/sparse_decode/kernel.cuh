@@ -90,6 +90,57 @@ __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
   }
 }
 
+// kFp16 (traits.h): Q's rows in place as fp16, row r times 2^-e_r (e_r from the row's largest
+// bf16 exponent field: every |value| then below 2^15), d 576's RoPE piece kept bf16 (times 2^-e_r,
+// exactly); e_r into smem.row_sum[r] (as int bits: free until the epilogue's row sums). By WG0,
+// two threads a row, after load_q's stores are visible to all of WG0.
+template <class Traits>
+__device__ __forceinline__ void q_rows_to_fp16(typename Traits::SharedStorage& smem, int t) {
+  constexpr int kPieces = Traits::kNumPieces, kHalf = (kPieces + 1) / 2;
+  const int row = t >> 1, half = t & 1;
+  char* base = reinterpret_cast<char*>(smem.q) + row * 128;
+  uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const int pc = half * kHalf + i;
+    if (pc >= kPieces) break;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const uint4 v = *reinterpret_cast<const uint4*>(base + pc * Traits::kPieceBytes + 16 * c);
+      m = __vmaxu2(m, v.x & 0x7F807F80u);
+      m = __vmaxu2(m, v.y & 0x7F807F80u);
+      m = __vmaxu2(m, v.z & 0x7F807F80u);
+      m = __vmaxu2(m, v.w & 0x7F807F80u);
+    }
+  }
+  uint32_t f = max(m & 0xFFFFu, m >> 16) >> 7;
+  f = max(f, __shfl_xor_sync(0xffffffffu, f, 1));
+  const int e = min(max(static_cast<int>(f) - 126 - 15, -60), 60);
+  const float down = exp2_int(-e);
+  const uint32_t down_bf16 = static_cast<uint32_t>(127 - e) << 7 | static_cast<uint32_t>(127 - e) << 23;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const int pc = half * kHalf + i;
+    if (pc >= kPieces) break;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      uint4* at = reinterpret_cast<uint4*>(base + pc * Traits::kPieceBytes + 16 * c);
+      uint4 v = *at;
+      if (Traits::kRopeBf16 && pc == kPieces - 1) {
+        v.x = mul_bf16x2(v.x, down_bf16), v.y = mul_bf16x2(v.y, down_bf16);
+        v.z = mul_bf16x2(v.z, down_bf16), v.w = mul_bf16x2(v.w, down_bf16);
+      } else {
+        auto f16 = [&](uint32_t w) {
+          return f16x2_of(__uint_as_float(w << 16) * down, __uint_as_float(w & 0xFFFF0000u) * down);
+        };
+        v.x = f16(v.x), v.y = f16(v.y), v.z = f16(v.z), v.w = f16(v.w);
+      }
+      *at = v;
+    }
+  }
+  if (half == 0) smem.row_sum[row] = __int_as_float(e);
+}
+
 // A stage's full barrier; with a CTA pair the peer's producer arrives on it too (pair.cuh).
 __device__ __forceinline__ void wait_full(uint64_t* full, int phase, bool pair) {
   cutlass::arch::ClusterBarrier::wait(full, phase);
@@ -157,6 +208,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                                         int split, int problem) {
   using namespace cute;
   using Element = typename Traits::Element;
+  using KElement = typename Traits::KElement;  // Q, K and P in the MMAs (fp16 with kFp16)
+  KElement* const q_op = reinterpret_cast<KElement*>(smem.q);
+  KElement* const k_op = reinterpret_cast<KElement*>(smem.k[0]);
   const int t = threadIdx.x - wg * 128;
   const int lane = t % 32;
   constexpr bool kDense = Traits::kDense;
@@ -169,20 +223,20 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   auto thr_qk = mma_qk.get_thread_slice(t);
   auto thr_pv = mma_pv.get_thread_slice(t);
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(q_op), typename Traits::SmemLayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA,1,D/16)
   Tensor tSrK = thr_qk.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutK{}));  // (MMA,1,D/16)
+      make_tensor(make_smem_ptr(k_op), typename Traits::SmemLayoutK{}));  // (MMA,1,D/16)
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<64>, Int<64>>{});
   Tensor S = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (2,16)
   Tensor cS = make_identity_tensor(Shape<Int<64>, Int<64>>{});
   Tensor tScS = thr_qk.partition_C(cS);
   Tensor cS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (2,16) -> (row,key)
 
-  Tensor sP_shape = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutP{});
+  Tensor sP_shape = make_tensor(make_smem_ptr(q_op), typename Traits::SmemLayoutP{});
   Tensor tOrP = thr_pv.partition_fragment_A(sP_shape);  // (MMA,1,4)
   Tensor tOrV = thr_pv.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * Traits::kPieceElems),
+      make_tensor(make_smem_ptr(k_op + wg * 4 * Traits::kPieceElems),
                   typename Traits::SmemLayoutV{}));  // (MMA,1,4)
   // The ring fill's S = Q K^T by round (traits.h kRing): a round's 64 x 32 block of S is the
   // first (keys 0-31) or second half of the 64 x 64 accumulator's registers (its n8 blocks 0-3
@@ -191,7 +245,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   auto thr_qkr = mma_qkr.get_thread_slice(t);
   Tensor tSrQr = thr_qkr.partition_fragment_A(sQ);
   Tensor tSrKr = thr_qkr.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutKRound{}));
+      make_tensor(make_smem_ptr(k_op), typename Traits::SmemLayoutKRound{}));
   Tensor tSrSr = partition_fragment_C(mma_qkr, Shape<Int<64>, Int<32>>{});
   static_assert(decltype(size(tSrSr))::value * 2 == decltype(size(tSrS))::value);
   // The round slots (traits.h kSlots): round n of the CTA's list is in slot n % 3, its (n / 3)-th
@@ -204,7 +258,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   // into the slot WG1 released once it had loaded them.
   constexpr bool kSlots = Traits::kSlots;
   Tensor tOrVs = thr_pv.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * (Traits::kSlotPieceBytes / 2)),
+      make_tensor(make_smem_ptr(k_op + wg * 4 * (Traits::kSlotPieceBytes / 2)),
                   typename Traits::SmemLayoutVSlot{}));  // (MMA,1,2)
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<64>, Int<Traits::kVHalfDims>>{});
   Tensor O = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (2,128)
@@ -224,6 +278,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
   float m_true[2] = {-INFINITY, -INFINITY};  // the exact row max (m_run is lazy), for max_logits
+  // kFp16: O is kept in units of 2^-e_ref, e_ref the largest key exponent seen (P's column j
+  // times 2^(e_j - e_ref) <= 1); S's entry (r, j) times 2^(q_exp[r] + e_j) back to the true score.
+  // (Q's row exponents stay in smem.row_sum until the epilogue: read a tile, not held.)
+  [[maybe_unused]] int e_ref = -60;
 
   if constexpr (Traits::kSeesaw) {
     // Seesaw order (bf16 tiles by cp.async, the sparse mode; launch.cu): WG w computes S for the
@@ -474,6 +532,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         smem.row_code[t] = r.ok ? static_cast<uint32_t>(r.j) << 16 | r.h : ~0u;
       }
     }
+    if constexpr (Traits::kFp16) {
+      bar_sync(kBarQ, 128);  // every thread's Q stores before the rows are read
+      q_rows_to_fp16<Traits>(smem, t);
+    }
     fence_async_smem();
     bar_sync(kBarQ, 128);
     const float max_thr = 8.f / sl2;
@@ -494,6 +556,21 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           auto tSrK_r = at_offset(tSrKr, kSlots ? (n % 3) * Traits::kSlotBytes : r * 32 * 128);
 #pragma unroll
           for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
+            if constexpr (Traits::kRopeBf16) {
+              if (k >= 32) {  // d 576's RoPE piece: bf16 (traits.h kFp16)
+                typename Traits::TiledMmaQKRoundBf16 mma_rope;
+                auto thr_rope = mma_rope.get_thread_slice(t);
+                auto tSrQb = thr_rope.partition_fragment_A(
+                    make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{}));
+                auto tSrKb = at_offset(
+                    thr_rope.partition_fragment_B(make_tensor(
+                        make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutKRound{})),
+                    (n % 3) * Traits::kSlotBytes);
+                mma_rope.accumulate_ = GMMA::ScaleOut::One;
+                gemm(mma_rope, tSrQb(_, _, k), tSrKb(_, _, k), S_r);
+                continue;
+              }
+            }
             mma_qkr.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
             gemm(mma_qkr, tSrQ_r(_, _, k), tSrK_r(_, _, k), S_r);
           }
@@ -525,6 +602,29 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       warpgroup_fence_operand(tOrO);
+      // kFp16: key j of the tile (round slot s0 or s1) and its exponent.
+      [[maybe_unused]] auto key_exp = [&](int c) {
+        const int key = get<1>(cS_rc(0, c));
+        return static_cast<int>(
+            smem.key_exp[32 * (key < 32 ? (2 * kk) % 3 : (2 * kk + 1) % 3) + (key & 31)]);
+      };
+      [[maybe_unused]] int e_new = e_ref;
+      if constexpr (Traits::kFp16) {  // S back to the true scores; the tile's largest exponent
+        int e_tile = -60;
+        int q_exp[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) q_exp[r] = __float_as_int(smem.row_sum[mrow[r]]);
+#pragma unroll
+        for (int c = 0; c < size<1>(S); ++c) {
+          const int e = key_exp(c);
+          e_tile = max(e_tile, e);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) S(r, c) *= exp2_int(q_exp[r] + e);
+        }
+        e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 1));
+        e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 2));
+        e_new = max(e_ref, e_tile);
+      }
       // Keys the producer found invalid (or past the list's count) never count, nor keys past
       // a row's causal limit (dense mode, s_q > 1).
       uint64_t valid;
@@ -556,9 +656,20 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
         m_run[r] = m_new;
       }
-      softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+      if constexpr (Traits::kFp16) {  // P's column j times 2^(e_j - e_ref), O's rows with it
+        softmax_to_p_cols<KElement>(S, tSrS, base, sl2, sum, tOrP,
+                                    [&](int c) { return exp2_int(key_exp(c) - e_new); });
+      } else {
+        softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
+      if constexpr (Traits::kFp16) {
+        const float ratio = exp2_int(e_ref - e_new);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) factor[r] *= ratio;
+        e_ref = e_new;
+      }
       if constexpr (kSlots && Traits::kPInKTile) {
         store_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3),
                        slot_rope<Traits>(smem, (2 * kk + 1) % 3), tOrP, t);
@@ -587,6 +698,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     for (int r = 0; r < 2; ++r) {
       l_run[r] = quad_sum(l_run[r]);
       if (lane % 4 == 0) smem.row_sum[mrow[r]] = l_run[r];
+    }
+    if constexpr (Traits::kFp16) {
+      if (t == 0) smem.o_exp = e_ref;
     }
   } else {
     for (int kk = 0; kk < n_tiles; ++kk) {
@@ -653,7 +767,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float l = smem.row_sum[mrow[r]];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    if constexpr (Traits::kFp16) inv *= exp2_int(smem.o_exp);  // O's units (e_ref)
     // m_run is WG0's; WG1 needs only the lse for the sink, so it reads it back below.
     lse[r] = l > 0.f ? m_run[r] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
 #pragma unroll
@@ -775,7 +890,9 @@ __device__ __forceinline__ void produce_ring(const SparseDecodeParams& p,
   } else {
     if (p.fill_codec == kModel1) return produce_by_ring<Traits, kModel1>(p, smem, problem, split);
     if (p.fill_codec == kMX) return produce_by_ring<Traits, kMX>(p, smem, problem, split);
-    if (p.fill_codec == kFP4) return produce_by_ring<Traits, kFP4>(p, smem, problem, split);
+    if constexpr (!Traits::kFp16) {  // (fp4 never stages fp16: SM90 has no e2m1 conversion)
+      if (p.fill_codec == kFP4) return produce_by_ring<Traits, kFP4>(p, smem, problem, split);
+    }
   }
   __trap();  // (never: the host checks the format) a clear error rather than a hang
 }
@@ -880,6 +997,10 @@ cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStre
   if (params.ring == 2) {  // decoded into three round slots (traits.h kSlots)
     return launch_sparse_decode_traits<
         SparseDecodeTraits<kHeadDimQK, kDense, false, false, 2>>(params, stream);
+  }
+  if (params.ring == 3) {  // the slots with the keys staged as fp16 (traits.h kFp16)
+    return launch_sparse_decode_traits<
+        SparseDecodeTraits<kHeadDimQK, kDense, false, false, 3>>(params, stream);
   }
   return launch_sparse_decode_traits<
       SparseDecodeTraits<kHeadDimQK, kDense, false, false, 1>>(params, stream);

@@ -96,7 +96,8 @@ struct SparseDecodeParams {
   int stream;           // fill_codec >= 0: the streaming token fill 1, 0 off (launch.cu;
                         // OPENMLA_SPARSE_STREAM; producer.cuh)
   int ring;             // fill_codec >= 0, unpaired: 1 the ring fill's kernel (traits.h kRing;
-                        // producer.cuh produce_by_ring), 2 with three round slots; 0 off
+                        // producer.cuh produce_by_ring), 2 with three round slots, 3 the
+                        // slots with fp16 keys (kFp16); 0 off
 };
 
 }  // namespace openmla::cuda::sm90

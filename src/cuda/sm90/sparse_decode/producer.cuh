@@ -1057,6 +1057,141 @@ __device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const Stage
   }
 }
 
+// --- keys staged as fp16 (traits.h kFp16, OPENMLA_SPARSE_FP16=1; NOTES.md lever 2) ---
+// An e4m3 pair becomes an fp16 pair by one cvt (exact: e4m3 is a subset of fp16), then one f16x2
+// multiply by the chunk's scale times 2^-e, e the key's exponent: each key is scaled by a power
+// of two so its largest magnitude is below 2^15 (fp16's range is 65504), and the compute
+// warpgroups multiply S's column by 2^e back in fp32 (kernel.cuh). The RoPE piece stays bf16 at
+// d 576 (scaled by 2^-e there, exactly) and becomes fp16 at d 512 (fp8_model1: it is part of V).
+__device__ __forceinline__ uint32_t cvt_f16x2_e4m3x2(uint32_t w16) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(static_cast<uint16_t>(w16)));
+  return d;
+}
+__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// (lo, hi) as an f16x2 word (round to nearest).
+__device__ __forceinline__ uint32_t f16x2_of(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+// 2^e as a float, e in [-126, 127].
+__device__ __forceinline__ float exp2_int(int e) { return __int_as_float((e + 127) << 23); }
+// The largest byte of a word.
+__device__ __forceinline__ uint32_t max_byte(uint32_t w) {
+  const uint32_t m = __vmaxu4(w, w >> 16);
+  return __vmaxu4(m, m >> 8) & 0xFFu;
+}
+// The exponent a key is stored with in fp16 (the key times 2^-e): X with every |value| < 2^X,
+// from its scales (e4m3 magnitudes are below 2^9) and, for fp8_model1, from the largest bf16
+// exponent field of its RoPE part (`rope_field`: already the whole key's); e = X - 15, clamped to
+// [-60, 60] (a zero key's e is -60; scales of NaN or infinity give NaN or infinite keys, as the
+// codec does).
+template <int D, int kCodec>
+__device__ __forceinline__ int f16_key_exp(const uint32_t (&s)[8], uint32_t rope_field) {
+  int x;
+  if constexpr (D == 576) {  // 4 float scales: a scale below 2^(E - 126) gives keys below 2^(E - 117)
+    uint32_t e = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) e = max(e, (s[i] >> 23) & 0xFFu);
+    x = static_cast<int>(e) - 117;
+  } else {
+    uint32_t b;  // e8m0: a scale 2^(b - 127) gives keys below 2^(b - 118)
+    if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {  // 7 scales: byte 7 unused
+      b = max_byte(__vmaxu4(s[0], s[1] & 0x00FFFFFFu));
+    } else {
+      b = max_byte(__vmaxu4(__vmaxu4(s[0], s[1]), __vmaxu4(s[2], s[3])));
+    }
+    x = static_cast<int>(b) - 118;
+    if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {
+      x = max(x, static_cast<int>(rope_field) - 126);  // bf16 below 2^(F - 126)
+    }
+  }
+  return min(max(x - 15, -60), 60);
+}
+// The largest bf16 exponent field of 8 words (16 values).
+__device__ __forceinline__ uint32_t bf16_max_field(const uint4 (&v)[2]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m = __vmaxu2(m, v[h].x & 0x7F807F80u);
+    m = __vmaxu2(m, v[h].y & 0x7F807F80u);
+    m = __vmaxu2(m, v[h].z & 0x7F807F80u);
+    m = __vmaxu2(m, v[h].w & 0x7F807F80u);
+  }
+  return max(m & 0xFFFFu, m >> 16) >> 7;
+}
+// ring_decode_key with the keys staged as fp16, and the key's exponent into `key_exp[row]`.
+template <int D, int kCodec, int kPieceStride>
+__device__ __forceinline__ void ring_decode_key_f16(uint32_t rec, int q, const StageDst& dst,
+                                                    int row, int8_t* key_exp) {
+  static_assert(kCodec != static_cast<int>(Codec::kFP4), "SM90 has no e2m1 conversion");
+  constexpr int kChunks = stream_chunks<D, kCodec>();
+  uint32_t s[8];
+  ring_load_scales<D, kCodec>(rec, s);
+  uint4 rope[2];
+  uint32_t rope_field = 0;
+  if constexpr (ring_has_rope<D, kCodec>()) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rope[h] = lds128(rec + ring_rope_at<D, kCodec>() + 16 * (q + 4 * h));
+    if constexpr (D != 576) {  // the whole key's RoPE: its 4 lanes' largest exponent field
+      rope_field = bf16_max_field(rope);
+      rope_field = max(rope_field, __shfl_xor_sync(0xffffffffu, rope_field, 1));
+      rope_field = max(rope_field, __shfl_xor_sync(0xffffffffu, rope_field, 2));
+    }
+  }
+  const int e = f16_key_exp<D, kCodec>(s, rope_field);
+  const float down = exp2_int(-e);
+  if (q == 0) key_exp[row] = static_cast<int8_t>(e);
+  if constexpr (ring_has_rope<D, kCodec>()) {
+    char* piece = dst.local + (D == 576 ? 8 : 7) * kPieceStride + row * 128;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int chunk = q + 4 * h;
+      uint4 v = rope[h];
+      if constexpr (D == 576) {  // bf16 times 2^-e (exact)
+        const uint32_t m = static_cast<uint32_t>(127 - e) << 7 | static_cast<uint32_t>(127 - e) << 23;
+        v.x = mul_bf16x2(v.x, m), v.y = mul_bf16x2(v.y, m);
+        v.z = mul_bf16x2(v.z, m), v.w = mul_bf16x2(v.w, m);
+      } else {  // bf16 -> fp16, times 2^-e
+        auto f16 = [&](uint32_t w) {
+          return f16x2_of(__uint_as_float(w << 16) * down, __uint_as_float(w & 0xFFFF0000u) * down);
+        };
+        v.x = f16(v.x), v.y = f16(v.y), v.z = f16(v.z), v.w = f16(v.w);
+      }
+      *reinterpret_cast<uint4*>(piece + ((chunk ^ (row & 7)) << 4)) = v;
+    }
+  }
+  uint4 raw[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) raw[c] = lds128(rec + 64 * c + 16 * q);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    float scale;
+    if constexpr (D == 576) {
+      scale = kvcodec::u2f(s[c >> 1]);  // fp8_v32: float scale c / 2
+    } else if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {
+      scale = kvcodec::e8m0_to_float((s[c >> 2] >> (8 * (c & 3))) & 0xFFu);  // e8m0 byte c
+    } else {  // fp8_mx: byte 2 c + q / 2
+      scale = kvcodec::e8m0_to_float((s[c >> 1] >> (8 * (2 * (c & 1) + (q >> 1)))) & 0xFFu);
+    }
+    const float mf = scale * down;
+    const uint32_t m = f16x2_of(mf, mf);
+    const uint32_t w[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
+    uint32_t v[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = mul_f16x2(cvt_f16x2_e4m3x2(w[k] & 0xFFFFu), m);
+      v[2 * k + 1] = mul_f16x2(cvt_f16x2_e4m3x2(w[k] >> 16), m);
+    }
+    store_16<false, kPieceStride>(dst, c, row, 2 * q, v);
+  }
+}
+
 template <class Traits, int kCodec>
 __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
                                                 typename Traits::SharedStorage& smem, int problem,
@@ -1118,8 +1253,13 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
       cutlass::arch::ClusterBarrier::wait(&smem.empty[slot], (use & 1) ^ 1);
       StageDst in_slot = dst;
       in_slot.local += slot * Traits::kSlotBytes;
-      ring_decode_key<D, kCodec, Traits::kSlotPieceBytes>(ring + (n % kRounds) * kRoundBytes, q,
-                                                          in_slot, row0);
+      if constexpr (Traits::kFp16) {
+        ring_decode_key_f16<D, kCodec, Traits::kSlotPieceBytes>(
+            ring + (n % kRounds) * kRoundBytes, q, in_slot, row0, smem.key_exp + 32 * slot);
+      } else {
+        ring_decode_key<D, kCodec, Traits::kSlotPieceBytes>(ring + (n % kRounds) * kRoundBytes,
+                                                            q, in_slot, row0);
+      }
       store_round_mask(ok, lane, &smem.valid[0][4 * slot + warp]);
       fence_async_smem();  // the generic stores before wgmma's reads
       __syncwarp();

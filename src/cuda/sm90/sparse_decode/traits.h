@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -28,19 +29,27 @@ namespace openmla::cuda::sm90 {
 // keys' raw bytes by cp.async into a ring of rounds (32 keys) in shared memory, decoded from there
 // into ONE bf16 stage whose two rounds have barriers of their own (kernel.cuh: S = Q K^T by
 // round); 2 the same decoded into THREE round slots (OPENMLA_SPARSE_SLOTS=1; NOTES.md lever 1),
-// so the decode of round n + 2 runs while the compute warpgroups hold rounds n and n + 1; 0 not.
+// so the decode of round n + 2 runs while the compute warpgroups hold rounds n and n + 1; 3 the
+// round slots with the keys staged as fp16 (OPENMLA_SPARSE_FP16=1; NOTES.md lever 2: the fp8
+// formats' codes by one cvt a pair, each key and Q's rows scaled by powers of two into fp16's
+// range, S and P scaled back in fp32; at d 576 the RoPE piece stays bf16); 0 not.
 template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
           int kRing_ = 0>
-struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 256> {
-  using Element = cute::bfloat16_t;
+struct SparseDecodeTraits
+    : attention::MlaTiles<std::conditional_t<kRing_ == 3, cute::half_t, cute::bfloat16_t>, 64, 64,
+                          kHeadDimQK_, 256> {
+  using Element = cute::bfloat16_t;  // the output's type, and the keys' in every form but kFp16
+  // The MMAs' operand type of Q, K and P: fp16 with kFp16 (but d 576's RoPE piece: bf16).
+  static constexpr bool kFp16 = kRing_ == 3;
+  using KElement = std::conditional_t<kFp16, cute::half_t, cute::bfloat16_t>;
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr bool kDense = kDense_;
   static constexpr bool kSeesaw = kSeesaw_;
   static constexpr bool kStagger = kStagger_;
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
   static constexpr bool kRing = kRing_ > 0;
-  static constexpr bool kSlots = kRing_ == 2;
-  static_assert(kRing_ >= 0 && kRing_ <= 2);
+  static constexpr bool kSlots = kRing_ >= 2;
+  static_assert(kRing_ >= 0 && kRing_ <= 3);
   static_assert(!(kRing && kSeesaw), "the ring fill serves quantised keys, the seesaw bf16 ones");
   // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
   // rest).
@@ -90,9 +99,15 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
       cute::GMMA::Layout_MN_SW128_Atom<cute::bfloat16_t>{}, cute::Shape<cute::_256, cute::_32>{},
       cute::Step<cute::_2, cute::_1>{}));
   using TiledMmaQKRound = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<KElement, KElement, float,
+                                 cute::Shape<cute::_64, cute::_32, cute::_64>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+  // kFp16 at d 576: the RoPE piece's k-blocks (32-35) by bf16 wgmma into the same S.
+  using TiledMmaQKRoundBf16 = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::_32, cute::_64>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+  static constexpr bool kRopeBf16 = kFp16 && kHeadDimQK == 576;
   // Full / empty barriers: per stage, per part of a stage (the seesaw) or per round (the ring).
   static constexpr int kBarriers = kSeesaw ? kParts * kStages : kSlots ? 3 : kRing ? 2 : kStages;
   // P (64 x 64 bf16) crosses from WG0 to WG1. At d 576 it lives in the stage's RoPE piece (dead
@@ -107,9 +122,10 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
   // The seesaw order: 216 + 216 + 72.
   // The ring's WG0 holds Q's descriptors of the round-by-round QK^T too: 240 as the dense
   // mode's (its producer, decoding from shared memory, fits 88).
-  static constexpr int kWg0Registers = kSeesaw ? 232 : kDense || kRing ? 240 : 232;
+  // kFp16: WG0 also scales S and P by the keys' exponents: 248, its producer 80.
+  static constexpr int kWg0Registers = kSeesaw ? 232 : kFp16 ? 248 : kDense || kRing ? 240 : 232;
   static constexpr int kWg1Registers = kSeesaw ? 232 : 176;
-  static constexpr int kProducerRegisters = kSeesaw ? 40 : kDense || kRing ? 88 : 96;
+  static constexpr int kProducerRegisters = kSeesaw ? 40 : kFp16 ? 80 : kDense || kRing ? 88 : 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
@@ -141,6 +157,10 @@ struct SparseDecodeTraits : attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadD
     uint64_t empty[kBarriers];
     // the ring fill's raw records (producer.cuh produce_by_ring)
     alignas(kRing ? 128 : 16) uint8_t ring[kRingBytes];
+    // kFp16: each key's exponent e (its fp16 row is the key times 2^-e), per slot and key of the
+    // round, written by the producer with the slot; then O's exponent (WG0 -> WG1, epilogue).
+    int8_t key_exp[kFp16 ? 3 * 32 : 1];
+    int o_exp;
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
