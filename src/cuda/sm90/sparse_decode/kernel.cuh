@@ -280,8 +280,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   float m_true[2] = {-INFINITY, -INFINITY};  // the exact row max (m_run is lazy), for max_logits
   // kFp16: O is kept in units of 2^-e_ref, e_ref the largest key exponent seen (P's column j
   // times 2^(e_j - e_ref) <= 1); S's entry (r, j) times 2^(q_exp[r] + e_j) back to the true score.
-  // (Q's row exponents stay in smem.row_sum until the epilogue: read a tile, not held.)
-  [[maybe_unused]] int e_ref = -60;
+  // Neither is held in registers (WG0 has none to spare): Q's row exponents stay in
+  // smem.row_sum until the epilogue, e_ref in smem.o_exp[warp] (each warp its own: they run
+  // apart; every lane writes the same value).
 
   if constexpr (Traits::kSeesaw) {
     // Seesaw order (bf16 tiles by cp.async, the sparse mode; launch.cu): WG w computes S for the
@@ -535,6 +536,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     if constexpr (Traits::kFp16) {
       bar_sync(kBarQ, 128);  // every thread's Q stores before the rows are read
       q_rows_to_fp16<Traits>(smem, t);
+      if (t < 4) smem.o_exp[t] = -60;
     }
     fence_async_smem();
     bar_sync(kBarQ, 128);
@@ -608,9 +610,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         return static_cast<int>(
             smem.key_exp[32 * (key < 32 ? (2 * kk) % 3 : (2 * kk + 1) % 3) + (key & 31)]);
       };
-      [[maybe_unused]] int e_new = e_ref;
+      [[maybe_unused]] int e_tile = -60;
       if constexpr (Traits::kFp16) {  // S back to the true scores; the tile's largest exponent
-        int e_tile = -60;
         int q_exp[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) q_exp[r] = __float_as_int(smem.row_sum[mrow[r]]);
@@ -623,7 +624,6 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         }
         e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 1));
         e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 2));
-        e_new = max(e_ref, e_tile);
       }
       // Keys the producer found invalid (or past the list's count) never count, nor keys past
       // a row's causal limit (dense mode, s_q > 1).
@@ -656,19 +656,29 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
         m_run[r] = m_new;
       }
-      if constexpr (Traits::kFp16) {  // P's column j times 2^(e_j - e_ref), O's rows with it
-        softmax_to_p_cols<KElement>(S, tSrS, base, sl2, sum, tOrP,
-                                    [&](int c) { return exp2_int(key_exp(c) - e_new); });
+      if constexpr (Traits::kFp16) {
+        // O's units move to the largest exponent so far (its rows times 2^(e_ref - e_next),
+        // beside the softmax factor; the row sums only by that), then P's column j times
+        // 2^(e_j - e_ref) <= 1.
+        int* const e_ref = smem.o_exp + t / 32;
+        const int e_prev = *e_ref, e_next = max(e_prev, e_tile);
+        const float ratio = exp2_int(e_prev - e_next);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          l_run[r] *= factor[r];
+          factor[r] *= ratio;
+        }
+        *e_ref = e_next;
+        // (read back each time, volatile: a register held through the softmax spills WG0)
+        softmax_to_p_cols<KElement>(S, tSrS, base, sl2, sum, tOrP, [&](int c) {
+          return exp2_int(key_exp(c) - *static_cast<volatile int*>(e_ref));
+        });
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l_run[r] += sum[r];
       } else {
         softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
-      }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
-      if constexpr (Traits::kFp16) {
-        const float ratio = exp2_int(e_ref - e_new);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) factor[r] *= ratio;
-        e_ref = e_new;
+        for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
       }
       if constexpr (kSlots && Traits::kPInKTile) {
         store_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3),
@@ -698,9 +708,6 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     for (int r = 0; r < 2; ++r) {
       l_run[r] = quad_sum(l_run[r]);
       if (lane % 4 == 0) smem.row_sum[mrow[r]] = l_run[r];
-    }
-    if constexpr (Traits::kFp16) {
-      if (t == 0) smem.o_exp = e_ref;
     }
   } else {
     for (int kk = 0; kk < n_tiles; ++kk) {
@@ -748,18 +755,21 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   bar_sync(kBarEpi, 256);
 
   // ---- epilogue: normalise; out + lse (one split) or the split's partial ----
+  // (kFp16: the problem and split read again here, so WG0 holds neither through its loop)
+  const int problem_e = Traits::kFp16 ? p.problem0 + static_cast<int>(blockIdx.z) : problem;
+  const int split_e = Traits::kFp16 ? static_cast<int>(blockIdx.y) : split;
   Row rows[2];  // the query token and head of each of the thread's rows
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if constexpr (kDense) {  // from WG0's table (no division by h_q with O live)
       const uint32_t code = smem.row_code[mrow[r]];
       rows[r].ok = code != ~0u;
-      rows[r].i = problem;
+      rows[r].i = problem_e;
       rows[r].j = static_cast<int>(code >> 16);
       rows[r].h = static_cast<int>(code & 0xFFFFu);
-      rows[r].token = problem * p.s_q + rows[r].j;
+      rows[r].token = problem_e * p.s_q + rows[r].j;
     } else {
-      rows[r] = row_of<kDense>(p, problem, m_block * 64 + mrow[r]);
+      rows[r] = row_of<kDense>(p, problem_e, m_block * 64 + mrow[r]);
     }
   }
   const bool single = p.num_splits == 1;
@@ -768,7 +778,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   for (int r = 0; r < 2; ++r) {
     const float l = smem.row_sum[mrow[r]];
     float inv = l > 0.f ? 1.f / l : 0.f;
-    if constexpr (Traits::kFp16) inv *= exp2_int(smem.o_exp);  // O's units (e_ref)
+    if constexpr (Traits::kFp16) inv *= exp2_int(smem.o_exp[0]);  // O's units (e_ref)
     // m_run is WG0's; WG1 needs only the lse for the sink, so it reads it back below.
     lse[r] = l > 0.f ? m_run[r] * p.scale + logf(l) : (single ? INFINITY : -INFINITY);
 #pragma unroll
@@ -787,7 +797,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                        w.j * p.max_logits_stride_s] = max_logit;
         }
       } else {
-        const int64_t at = (static_cast<int64_t>(split) * p.tokens + w.token) * p.h_q + w.h;
+        const int64_t at = (static_cast<int64_t>(split_e) * p.tokens + w.token) * p.h_q + w.h;
         p.lse_partial[at] = lse[r];
         if (p.max_logits != nullptr) p.max_partial[at] = max_logit;
       }
@@ -829,7 +839,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       }
     } else {
       float* out = p.o_partial +
-                   ((static_cast<int64_t>(split) * p.tokens + w.token) * p.h_q + w.h) * 512 +
+                   ((static_cast<int64_t>(split_e) * p.tokens + w.token) * p.h_q + w.h) * 512 +
                    wg * Traits::kVHalfDims;
 #pragma unroll
       for (int c = 0; c < size<1>(O); c += 2) {

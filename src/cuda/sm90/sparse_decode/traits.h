@@ -122,10 +122,10 @@ struct SparseDecodeTraits
   // The seesaw order: 216 + 216 + 72.
   // The ring's WG0 holds Q's descriptors of the round-by-round QK^T too: 240 as the dense
   // mode's (its producer, decoding from shared memory, fits 88).
-  // kFp16: WG0 also scales S and P by the keys' exponents: 248, its producer 80.
-  static constexpr int kWg0Registers = kSeesaw ? 232 : kFp16 ? 248 : kDense || kRing ? 240 : 232;
+  // kFp16: WG0 also scales S and P by the keys' exponents: 256, its producer 72.
+  static constexpr int kWg0Registers = kSeesaw ? 232 : kFp16 ? 256 : kDense || kRing ? 240 : 232;
   static constexpr int kWg1Registers = kSeesaw ? 232 : 176;
-  static constexpr int kProducerRegisters = kSeesaw ? 40 : kFp16 ? 80 : kDense || kRing ? 88 : 96;
+  static constexpr int kProducerRegisters = kSeesaw ? 40 : kFp16 ? 72 : kDense || kRing ? 88 : 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
@@ -158,9 +158,10 @@ struct SparseDecodeTraits
     // the ring fill's raw records (producer.cuh produce_by_ring)
     alignas(kRing ? 128 : 16) uint8_t ring[kRingBytes];
     // kFp16: each key's exponent e (its fp16 row is the key times 2^-e), per slot and key of the
-    // round, written by the producer with the slot; then O's exponent (WG0 -> WG1, epilogue).
+    // round, written by the producer with the slot; O's exponent, per WG0 warp (the epilogue's,
+    // WG0 -> WG1: warp 0's).
     int8_t key_exp[kFp16 ? 3 * 32 : 1];
-    int o_exp;
+    int o_exp[4];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
