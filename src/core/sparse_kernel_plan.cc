@@ -71,8 +71,15 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   // OPENMLA_SPARSE_SLOTS picks the form wherever the ring runs; forced on elsewhere, the slots.
   const bool slots = sw.slots == 1 || (sw.slots != 0 && !one_stage_default);
   plan.ring = !ring ? 0 : slots ? 2 : 1;
-  // The slots' keys staged as fp16 (OPENMLA_SPARSE_FP16=1; the fp8 formats: SM90 has no e2m1
-  // conversion; not yet measured: by the switch only; sparse_decode/NOTES.md lever 2).
+  // The slots' keys staged as fp16 (OPENMLA_SPARSE_FP16; the fp8 formats: SM90 has no e2m1
+  // conversion) where it measured faster (H100, 00da531, same run, cold): the dense mode's
+  // memory-bound grids (one m-block of at most 32 rows) on splits of 64+ tiles, 1.01-1.05x
+  // (fp8_v32 there otherwise takes the register fill). Elsewhere it measured 0.91-1.00x (the
+  // sparse grids, h_q 64-128, the dense mode's short splits): by the switch only there.
+  const bool fp16_default = shape.dense_mode && fp8_format && shape.m_blocks == 1 &&
+                            shape.rows <= 32 && tiles >= 64 && plan.fill_for_format &&
+                            !plan.pair && sw.ring != 0 && sw.slots != 0;
+  if (fp16_default && sw.fp16 != 0) plan.ring = 3, plan.stream = 0;
   if (plan.ring == 2 && fp8_format && sw.fp16 == 1) plan.ring = 3;
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 

@@ -16,6 +16,7 @@ struct SparseKernelShape {
   bool dense_mode = false;  // keys through a block table (dense decode over a KVCache)
   int d_qk = 576;
   int m_blocks = 1;         // 64-row blocks a problem
+  int rows = 64;            // rows a problem (heads times packed query tokens)
   // Every cache the grid reads is quantised with parts aligned for the token fill; `format` is
   // their one format (kNone when the main and extra caches differ).
   bool by_token = false;

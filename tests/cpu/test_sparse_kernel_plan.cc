@@ -204,7 +204,28 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   }
   EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, fp16).ring, 1);  // fp8_v32's one-tile splits
   EXPECT_EQ(ring(F::kFP4, 1, false, 32, fp16).ring, 2);
-  EXPECT_EQ(ring(F::kFP8_V32, 1, false, 32).ring, 2);  // off by default
+  EXPECT_EQ(ring(F::kFP8_V32, 1, false, 32).ring, 2);  // not the sparse grids' default
+  // The default on the dense mode's memory-bound grids (at most 32 rows) with 64+ tiles a split.
+  auto dense_rows = [](F f, int rows, int tiles, SparseKernelSwitches sw = {}) {
+    SparseKernelShape s = quantised(f, f == F::kFP8_V32 ? 576 : 512, 1, true);
+    s.rows = rows;
+    s.tiles_per_split = tiles;
+    return plan_sparse_kernel(s, sw);
+  };
+  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
+    EXPECT_EQ(dense_rows(f, 16, 64).ring, 3);
+    EXPECT_EQ(dense_rows(f, 32, 512).ring, 3);
+    EXPECT_EQ(dense_rows(f, 16, 64).stream, 0);
+    EXPECT_EQ(dense_rows(f, 64, 64).ring, f == F::kFP8_V32 ? 0 : 2);  // h_q 64: not faster
+    EXPECT_EQ(dense_rows(f, 16, 16).ring, 2);                           // short splits
+    SparseKernelSwitches no_fp16;
+    no_fp16.fp16 = 0;
+    EXPECT_EQ(dense_rows(f, 16, 64, no_fp16).ring, f == F::kFP8_V32 ? 0 : 2);
+    SparseKernelSwitches no_ring;
+    no_ring.ring = 0;
+    EXPECT_EQ(dense_rows(f, 16, 64, no_ring).ring, 0);
+  }
+  EXPECT_EQ(dense_rows(F::kFP4, 16, 64).ring, 2);
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);

@@ -273,6 +273,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   kshape.dense_mode = p.block_table != nullptr;
   kshape.d_qk = d_qk;
   kshape.m_blocks = p.m_blocks;
+  kshape.rows = p.s_pack * p.h_q;
   kshape.by_token = p.by_token;
   // The token fill is built once per quantised format; caches of two formats take the fill that
   // reads the format at run time.
