@@ -262,6 +262,11 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   # the ring can run; its arithmetic differs from the pair's, so not the pair's bit-for-bit test.
   switch_tests fp16 'OPENMLA_SPARSE_FP16=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
     'Sparse*:DenseDecodeKVCache*:-SparseDecodeSmall.CtaPairMatchesUnpaired'
+  # The slots decoded by two producer warpgroups (OPENMLA_SPARSE_WIDE=1, opt-in, 512 threads),
+  # forced onto every grid the ring can run, paired grids unpaired too.
+  switch_tests wide 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1' 'Sparse*:DenseDecodeKVCache*'
+  switch_tests wide_unpaired 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
+    'Sparse*:DenseDecodeKVCache*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

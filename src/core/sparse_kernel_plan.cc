@@ -81,6 +81,9 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
                             !plan.pair && sw.ring != 0 && sw.slots != 0;
   if (fp16_default && sw.fp16 != 0) plan.ring = 3, plan.stream = 0;
   if (plan.ring == 2 && fp8_format && sw.fp16 == 1) plan.ring = 3;
+  // The slots decoded by two producer warpgroups (OPENMLA_SPARSE_WIDE=1, 512 threads; not yet
+  // measured: by the switch only; sparse_decode/NOTES.md "the next two levers"), any format.
+  if (plan.ring >= 2 && sw.wide == 1) plan.ring = 4;
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill

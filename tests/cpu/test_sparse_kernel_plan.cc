@@ -226,6 +226,15 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
     EXPECT_EQ(dense_rows(f, 16, 64, no_ring).ring, 0);
   }
   EXPECT_EQ(dense_rows(F::kFP4, 16, 64).ring, 2);
+  // The slots decoded by two producer warpgroups (form 4): by the switch, wherever the slots run.
+  SparseKernelSwitches wide;
+  wide.wide = 1;
+  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
+    EXPECT_EQ(ring(f, 1, false, 32, wide).ring, 4);
+    EXPECT_EQ(ring(f, 1, false, 32).ring, 2);  // off by default
+  }
+  EXPECT_EQ(dense_rows(F::kFP8_Model1, 16, 64, wide).ring, 4);  // over the fp16 default too
+  EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, wide).ring, 1);     // not the one-stage form
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);

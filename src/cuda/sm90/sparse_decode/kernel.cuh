@@ -181,6 +181,36 @@ __device__ __forceinline__ uint64_t slots_valid(const uint32_t (&words)[12], int
          static_cast<uint64_t>(b.x | b.y << 8 | b.z << 16 | b.w << 24) << 32;
 }
 
+// The same with two producer warpgroups (traits.h kRing_ 4): byte b of word w of a slot holds keys
+// 8 w + 4 b .. + 3 in its bits 0 .. 3 (bytes 2-3 never written).
+__device__ __forceinline__ uint64_t slots_valid8(const uint32_t (&words)[12], int s0, int s1) {
+  auto byte_mask = [](uint32_t x) { return (x & 0xFu) | ((x >> 4) & 0xF0u); };
+  const uint4 a = reinterpret_cast<const uint4*>(words)[s0];
+  const uint4 b = reinterpret_cast<const uint4*>(words)[s1];
+  return (byte_mask(a.x) | byte_mask(a.y) << 8 | byte_mask(a.z) << 16 | byte_mask(a.w) << 24) |
+         static_cast<uint64_t>(byte_mask(b.x) | byte_mask(b.y) << 8 | byte_mask(b.z) << 16 |
+                               byte_mask(b.w) << 24)
+             << 32;
+}
+
+// The round slots' P V (attention/mma.cuh gemm_pv_by_slots) as 64 x 128 groups (traits.h
+// kRing_ 4: the kernel's 512 threads leave too few registers for one 64 x 256 wgmma's operands).
+template <class Traits, class Mma, class TP, class TV, class TO>
+__device__ __forceinline__ void gemm_pv_by_slots_128(Mma& mma, TP& tOrP, TV const& tOrV0,
+                                                     TV const& tOrV1, TO& tOrO) {
+  using namespace cute;
+  auto layout = partition_fragment_C(mma, Shape<Int<64>, Int<128>>{}).layout();
+  static_assert(decltype(size(layout))::value * 2 == decltype(size(tOrO))::value);
+  Tensor o0 = make_tensor(tOrO.data(), layout);
+  Tensor o1 = make_tensor(tOrO.data() + decltype(size(layout))::value, layout);
+  pv_by_round_groups(mma, tOrP, tOrO, [&](int k) {
+    auto const& v = k < 2 ? tOrV0 : tOrV1;
+    const int kb = k & 1;
+    gemm(mma, tOrP(_, _, k), v(_, _, kb), o0);
+    gemm(mma, tOrP(_, _, k), at_offset(v, 2 * Traits::kSlotPieceBytes)(_, _, kb), o1);
+  });
+}
+
 // A round slot's RoPE piece (d 576; dead once the slot's QK^T is done): half of P lives there,
 // the keys of that round (attention/fragments.cuh store_p_halves).
 template <class Traits>
@@ -260,6 +290,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
   Tensor tOrVs = thr_pv.partition_fragment_B(
       make_tensor(make_smem_ptr(k_op + wg * 4 * (Traits::kSlotPieceBytes / 2)),
                   typename Traits::SmemLayoutVSlot{}));  // (MMA,1,2)
+  // Two producer warpgroups (kRing_ 4): a slot's V as 64 x 128 groups (gemm_pv_by_slots_128).
+  [[maybe_unused]] typename Traits::TiledMmaPV128 mma_pv128;
+  [[maybe_unused]] auto tOrVs128 = mma_pv128.get_thread_slice(t).partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.k[0] + wg * 4 * (Traits::kSlotPieceBytes / 2)),
+                  typename Traits::SmemLayoutVSlot128{}));  // (MMA,1,2)
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<64>, Int<Traits::kVHalfDims>>{});
   Tensor O = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (2,128)
   Tensor cO = make_identity_tensor(Shape<Int<64>, Int<Traits::kVHalfDims>>{});
@@ -628,7 +663,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       // Keys the producer found invalid (or past the list's count) never count, nor keys past
       // a row's causal limit (dense mode, s_q > 1).
       uint64_t valid;
-      if constexpr (kSlots) {
+      if constexpr (Traits::kProducerWarpgroups == 2) {
+        valid = slots_valid8(smem.valid[0], (2 * kk) % 3, (2 * kk + 1) % 3);
+      } else if constexpr (kSlots) {
         valid = slots_valid(smem.valid[0], (2 * kk) % 3, (2 * kk + 1) % 3);
       } else {
         valid = stage_valid(smem.valid[stage]);
@@ -689,7 +726,14 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       smem.rescale[stage][t] = make_float2(factor[0], factor[1]);
       bar_arrive(stage == 0 ? kBarP0 : kBarP1, 256);
       rescale_rows_if(O, factor);
-      if constexpr (kSlots) {
+      if constexpr (Traits::kProducerWarpgroups == 2) {
+        const int s0 = (2 * kk) % 3;
+        gemm_pv_by_slots_128<Traits>(mma_pv128, tOrP, at_offset(tOrVs128, s0 * Traits::kSlotBytes),
+                                     at_offset(tOrVs128, (2 * kk + 1) % 3 * Traits::kSlotBytes),
+                                     tOrO);
+        warpgroup_wait<1>();
+        release_stage(&smem.empty[s0], lane, false);  // round 0's keys (round 1's: above)
+      } else if constexpr (kSlots) {
         const int s0 = (2 * kk) % 3;
         gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
                          at_offset(tOrVs, (2 * kk + 1) % 3 * Traits::kSlotBytes), tOrO);
@@ -733,8 +777,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       rescale_rows_if(O, factor);
       if constexpr (kSlots) {  // each round's keys handed back as its P V completes
         const int s0 = (2 * kk) % 3, s1 = (2 * kk + 1) % 3;
-        gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
-                         at_offset(tOrVs, s1 * Traits::kSlotBytes), tOrO);
+        if constexpr (Traits::kProducerWarpgroups == 2) {
+          gemm_pv_by_slots_128<Traits>(mma_pv128, tOrP, at_offset(tOrVs128, s0 * Traits::kSlotBytes),
+                                       at_offset(tOrVs128, s1 * Traits::kSlotBytes), tOrO);
+        } else {
+          gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
+                           at_offset(tOrVs, s1 * Traits::kSlotBytes), tOrO);
+        }
         warpgroup_wait<1>();
         release_stage(&smem.empty[s0], lane, false);
         wait_pv(tOrO, tOrP);
@@ -935,7 +984,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         // per round of the one stage: the 4 producer warps; the 8 compute warps
 #pragma unroll
         for (int r = 0; r < Traits::kBarriers; ++r) {  // (the round slots: per slot)
-          cutlass::arch::ClusterBarrier::init(&smem.full[r], 4);
+          cutlass::arch::ClusterBarrier::init(&smem.full[r], 4 * Traits::kProducerWarpgroups);
           cutlass::arch::ClusterBarrier::init(&smem.empty[r], 8);
         }
       } else {
@@ -1011,6 +1060,10 @@ cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStre
   if (params.ring == 3) {  // the slots with the keys staged as fp16 (traits.h kFp16)
     return launch_sparse_decode_traits<
         SparseDecodeTraits<kHeadDimQK, kDense, false, false, 3>>(params, stream);
+  }
+  if (params.ring == 4) {  // the slots decoded by two producer warpgroups (traits.h kRing_ 4)
+    return launch_sparse_decode_traits<
+        SparseDecodeTraits<kHeadDimQK, kDense, false, false, 4>>(params, stream);
   }
   return launch_sparse_decode_traits<
       SparseDecodeTraits<kHeadDimQK, kDense, false, false, 1>>(params, stream);

@@ -97,7 +97,8 @@ struct SparseDecodeParams {
                         // OPENMLA_SPARSE_STREAM; producer.cuh)
   int ring;             // fill_codec >= 0, unpaired: 1 the ring fill's kernel (traits.h kRing;
                         // producer.cuh produce_by_ring), 2 with three round slots, 3 the
-                        // slots with fp16 keys (kFp16); 0 off
+                        // slots with fp16 keys (kFp16), 4 the slots decoded by two producer
+                        // warpgroups (512 threads); 0 off
 };
 
 }  // namespace openmla::cuda::sm90

@@ -1057,6 +1057,138 @@ __device__ __forceinline__ void ring_decode_key(uint32_t rec, int q, const Stage
   }
 }
 
+// --- the round slots decoded by two producer warpgroups (traits.h kRing_ 4, OPENMLA_SPARSE_WIDE=1) ---
+// Eight producer warps; lane l of warp w owns key 4 w + l / 8 of every round and, of it, the
+// eighth q = l % 8: data bytes 128 e + 16 q for every e (the 8 lanes of a key read 128
+// contiguous bytes of the ring an instruction: one key a quarter-warp, any record stride), 16 B of
+// its RoPE part, and (lanes 0-1) its scales. The same ring records and rounds as
+// produce_by_ring's; twice the warps decode them, each warp into its 4 rows of the slot.
+// (First written for the one-stage ring in session 29, measured 0.85-0.97x there and removed in
+// session 30: the one stage serialised the decode with the MMA, which the slots no longer do.)
+template <int D, int kCodec>
+constexpr int ring_data_bytes() {
+  return kCodec == static_cast<int>(Codec::kFP8_Model1) ? 448
+         : kCodec == static_cast<int>(Codec::kFP4)      ? 256
+                                                        : 512;
+}
+// ring_issue_key with eighths, sharing its scale and RoPE pieces.
+template <int D, int kCodec>
+__device__ __forceinline__ void ring_issue_key8(const SparseCacheParams& c, int slot, bool ok,
+                                                int q, uint32_t rec) {
+  constexpr int kData = ring_data_bytes<D, kCodec>();
+  const TokenPtr t = token_ptr(c, ok ? slot : 0, 0);
+#pragma unroll
+  for (int e = 0; e < (kData + 127) / 128; ++e) {
+    if (128 * e + 16 * q < kData) cp_async16_u32(rec + 128 * e + 16 * q, t.d + 8 * e + q, ok);
+  }
+  ring_issue_scales<D, kCodec>(t.scale, ok, q, rec);
+  if constexpr (ring_has_rope<D, kCodec>()) {  // chunk q of the 128 B RoPE part
+    const uint8_t* rope = ring_rope_src(c, slot, ok);
+    cp_async16_u32(rec + ring_rope_at<D, kCodec>() + 16 * q, rope + 16 * q, ok);
+  }
+}
+// 16 bf16 dims (8 words) into chunks `chunk`, `chunk` + 1 of row `row` of piece `piece`, the
+// second one first where `hi_first` (so a quarter-warp's stores cover all 8 bank groups).
+// (`stage`: a shared-window address: generic pointers cost the 48-register producer 64-bit
+// registers.)
+template <int kPieceStride>
+__device__ __forceinline__ void store_16_ordered(uint32_t stage, int piece, int row, int chunk,
+                                                 const uint32_t (&v)[8], bool hi_first) {
+  const uint32_t off = stage + piece * kPieceStride + row * 128;
+  const uint32_t o0 = off + ((chunk ^ (row & 7)) << 4), o1 = off + (((chunk + 1) ^ (row & 7)) << 4);
+  const uint4 lo = make_uint4(v[0], v[1], v[2], v[3]), hi = make_uint4(v[4], v[5], v[6], v[7]);
+  if (hi_first) {
+    st_local(o1, hi);
+    st_local(o0, lo);
+  } else {
+    st_local(o0, lo);
+    st_local(o1, hi);
+  }
+}
+// A thread's chunk e of its eighth q of a key into row `row` of the slot. Chunk e holds dims
+// 128 e + 16 q .. (fp4: 256 e + 32 q ..), i.e. the token fill's chunk 2 e + q / 4 of quarter
+// q % 4 (store_token's places and scales).
+template <int D, int kCodec, bool kFast, int kPieceStride>
+__device__ __forceinline__ void ring_decode_chunk8(const uint4& raw, const uint32_t (&s)[8], int e,
+                                                   int q, uint32_t stage, int row) {
+  const int b = q >> 2, qq = q & 3;
+  uint32_t v[8];
+  if constexpr (kCodec == static_cast<int>(Codec::kFP4)) {
+    // token-fill chunk E = 2 e + b: half h's e4m3 scale is byte 2 (qq & 1) + h of word
+    // s[2 E + (qq >> 1)] = s[4 e + (2 b + (qq >> 1))]: a select, no dynamic index
+    const int k = 2 * b + (qq >> 1);
+    const uint32_t w = k == 0 ? s[4 * e] : k == 1 ? s[4 * e + 1] : k == 2 ? s[4 * e + 2] : s[4 * e + 3];
+#pragma unroll
+    for (int h0 = 0; h0 < 2; ++h0) {
+      const int h = h0 ^ b;  // the 8 lanes of a key on 8 bank groups (with the order below)
+      RawKey r;
+      r.w[0] = h == 0 ? raw.x : raw.z;
+      r.w[1] = h == 0 ? raw.y : raw.w;
+      const uint32_t sb = (w >> (8 * (2 * (qq & 1) + h))) & 0xFFu;
+      e2m1x16_to_bf16(r, kvcodec::e4m3_to_float(sb), v);
+      store_16_ordered<kPieceStride>(stage, 2 * (2 * e + b) + (qq >> 1), row, 4 * (qq & 1) + 2 * h,
+                                     v, (qq >> 1) & 1);
+    }
+  } else {
+    uint32_t byte = 0;  // the e8m0 formats' scale byte
+    float scale = 0.f;
+    if constexpr (D == 576) {
+      scale = kvcodec::u2f(s[e]);  // 128 dims a float scale
+    } else if constexpr (kCodec == static_cast<int>(Codec::kFP8_Model1)) {
+      byte = (s[e >> 1] >> (8 * (2 * (e & 1) + b))) & 0xFFu;  // 64 dims a scale
+    } else {
+      byte = (s[e] >> (8 * (2 * b + (qq >> 1)))) & 0xFFu;  // fp8_mx: 32 dims a scale
+    }
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    if constexpr (kFast) {
+      const uint32_t mul = D == 576 ? bf16x2_splat(scale * 0x1p120f) : ((byte + 120u) << 7) * 0x10001u;
+      e4m3x16_to_bf16_fast(w, mul, v);
+    } else {
+      RawKey r;
+      r.w[0] = w[0], r.w[1] = w[1], r.w[2] = w[2], r.w[3] = w[3];
+      e4m3x16_to_bf16(r, D == 576 ? scale : kvcodec::e8m0_to_float(byte), v);
+    }
+    store_16_ordered<kPieceStride>(stage, 2 * e + b, row, 2 * qq, v, b);  // b: the odd piece's lanes
+  }
+}
+template <int D, int kCodec, int kPieceStride>
+__device__ __forceinline__ void ring_decode_key8(uint32_t rec, int q, uint32_t stage, int row) {
+  // (opaque to the compiler: its stores' addresses are formed here each round rather than
+  // hoisted out of the round loop into registers the 48-register producer lacks)
+  asm volatile("" : "+r"(stage), "+r"(row));
+  constexpr int kData = ring_data_bytes<D, kCodec>();
+  constexpr int kChunks = (kData + 127) / 128;
+  uint32_t s[8];
+  ring_load_scales<D, kCodec>(rec, s);
+  uint4 raw[kChunks];
+#pragma unroll
+  for (int e = 0; e < kChunks; ++e) {
+    raw[e] = 128 * e + 16 * q < kData ? lds128(rec + 128 * e + 16 * q) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const bool fast = stream_fast<D, kCodec>(s);
+#pragma unroll
+  for (int e = 0; e < kChunks; ++e) {
+    if (128 * e + 16 * q >= kData) continue;  // (fp8_model1's last 64 B: its RoPE piece)
+    if (fast) {
+      ring_decode_chunk8<D, kCodec, true, kPieceStride>(raw[e], s, e, q, stage, row);
+    } else {
+      ring_decode_chunk8<D, kCodec, false, kPieceStride>(raw[e], s, e, q, stage, row);
+    }
+  }
+  if constexpr (ring_has_rope<D, kCodec>()) {
+    const uint32_t piece = stage + (D == 576 ? 8 : 7) * kPieceStride + row * 128;
+    st_local(piece + ((q ^ (row & 7)) << 4), lds128(rec + ring_rope_at<D, kCodec>() + 16 * q));
+  }
+}
+// A round's key mask of a wide warp (4 keys: lanes 0, 8, 16, 24) into bits 0 .. 3 of `byte`
+// (the other warp of the pair writes the word's other byte).
+__device__ __forceinline__ void store_round_mask8(bool ok, int lane, uint8_t* byte) {
+  uint32_t mask = __ballot_sync(0xffffffffu, ok) & 0x01010101u;
+  mask = (mask | (mask >> 7)) & 0x00030003u;
+  mask = (mask | (mask >> 14)) & 0xFu;
+  if (lane == 0) *byte = static_cast<uint8_t>(mask);
+}
+
 // --- keys staged as fp16 (traits.h kFp16, OPENMLA_SPARSE_FP16=1; NOTES.md lever 2) ---
 // An e4m3 pair becomes an fp16 pair by one cvt (exact: e4m3 is a subset of fp16), then one f16x2
 // multiply by the chunk's scale times 2^-e, e the key's exponent: each key is scaled by a power
@@ -1203,8 +1335,10 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
   constexpr int kRoundBytes = Traits::kRingRoundKeys * kKeyBytes;
   static_assert(kRounds >= 2 && kRounds * kRoundBytes <= Traits::kRingBytes);
   const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
-  const int q = lane & 3;
-  const int row0 = 8 * warp + (lane >> 2);
+  // Two decoding warpgroups (kRing_ 4): 8 warps, 4 keys a warp and a round, 8 lanes a key.
+  constexpr bool kWide = Traits::kProducerWarpgroups == 2;
+  const int q = kWide ? lane & 7 : lane & 3;
+  const int row0 = kWide ? 4 * warp + (lane >> 3) : 8 * warp + (lane >> 2);
   const Problem keys = problem_of<Traits::kDense>(p, problem);
   const int2 range = split_tiles<Traits::kDense>(p, keys, split);
   const int n_rounds = 2 * (range.y - range.x);
@@ -1229,7 +1363,11 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
     if (n < n_rounds) {
       const SparseCacheParams& c = p.cache[tile_at(keys, range.x + (n >> 1)).cache];
       ok = slot >= 0 && slot < c.num_slots;
-      ring_issue_key<D, kCodec>(c, slot, ok, q, ring + (n % kRounds) * kRoundBytes);
+      if constexpr (kWide) {
+        ring_issue_key8<D, kCodec>(c, slot, ok, q, ring + (n % kRounds) * kRoundBytes);
+      } else {
+        ring_issue_key<D, kCodec>(c, slot, ok, q, ring + (n % kRounds) * kRoundBytes);
+      }
     }
     cp_async_commit();  // (an empty group past the end: the wait below counts groups)
     ok_bits = ok_bits << 1 | (ok ? 1u : 0u);
@@ -1237,34 +1375,51 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
   // Indices two rounds ahead of the round being issued (their loads are DRAM round trips too).
 #pragma unroll 1
   for (int n = 0; n < kRounds - 1; ++n) issue(n, slot_at(n));
-  int slot_a = slot_at(kRounds - 1), slot_b = slot_at(kRounds);
+  // (two producer warpgroups: indices one round ahead of their issue, not two: the 48-register
+  // producer has no register for the second)
+  int slot_a = slot_at(kRounds - 1), slot_b = kWide ? 0 : slot_at(kRounds);
 #pragma unroll 1
   for (int n = 0; n < n_rounds; ++n) {
     [[maybe_unused]] const int r = n & 1, kk = n >> 1;  // (the one stage's round, tile)
     __syncwarp();  // every lane's reads of round n - 1's records (the slot reissued now) are done
     issue(n + kRounds - 1, slot_a);
-    slot_a = slot_b;
-    slot_b = slot_at(n + kRounds + 1);
+    if constexpr (kWide) {
+      slot_a = slot_at(n + kRounds);
+    } else {
+      slot_a = slot_b;
+      slot_b = slot_at(n + kRounds + 1);
+    }
     cp_async_wait_group<kRounds - 1>();  // this thread's copies of round n have landed
     __syncwarp();                         // and every lane's
     const bool ok = (ok_bits >> (kRounds - 1)) & 1u;
     if constexpr (kSlots) {
+      if constexpr (kWide) slot = n % 3, use = n / 3;  // (formed afresh: registers, not state)
       // The slot is free once both compute warpgroups are done with its previous round.
       cutlass::arch::ClusterBarrier::wait(&smem.empty[slot], (use & 1) ^ 1);
       StageDst in_slot = dst;
       in_slot.local += slot * Traits::kSlotBytes;
-      if constexpr (Traits::kFp16) {
-        ring_decode_key_f16<D, kCodec, Traits::kSlotPieceBytes>(
-            ring + (n % kRounds) * kRoundBytes, q, in_slot, row0, smem.key_exp + 32 * slot);
+      if constexpr (kWide) {
+        ring_decode_key8<D, kCodec, Traits::kSlotPieceBytes>(
+            ring + (n % kRounds) * kRoundBytes, q, smem_u32(smem.k[0]) + slot * Traits::kSlotBytes,
+            row0);
+        store_round_mask8(
+            ok, lane, reinterpret_cast<uint8_t*>(&smem.valid[0][4 * slot + (warp >> 1)]) + (warp & 1));
       } else {
-        ring_decode_key<D, kCodec, Traits::kSlotPieceBytes>(ring + (n % kRounds) * kRoundBytes,
-                                                            q, in_slot, row0);
+        if constexpr (Traits::kFp16) {
+          ring_decode_key_f16<D, kCodec, Traits::kSlotPieceBytes>(
+              ring + (n % kRounds) * kRoundBytes, q, in_slot, row0, smem.key_exp + 32 * slot);
+        } else {
+          ring_decode_key<D, kCodec, Traits::kSlotPieceBytes>(ring + (n % kRounds) * kRoundBytes,
+                                                              q, in_slot, row0);
+        }
+        store_round_mask(ok, lane, &smem.valid[0][4 * slot + warp]);
       }
-      store_round_mask(ok, lane, &smem.valid[0][4 * slot + warp]);
       fence_async_smem();  // the generic stores before wgmma's reads
       __syncwarp();
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[slot]);
-      if (++slot == 3) slot = 0, ++use;
+      if constexpr (!kWide) {
+        if (++slot == 3) slot = 0, ++use;
+      }
     } else {
       // The round's rows of the stage are free once both compute warpgroups are done with them.
       cutlass::arch::ClusterBarrier::wait(&smem.empty[r], (kk & 1) ^ 1);
