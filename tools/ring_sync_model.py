@@ -2,9 +2,15 @@
 """A model of the ring fill's synchronisation (src/cuda/sm90/sparse_decode/kernel.cuh consume's
 ring branches, producer.cuh produce_by_ring), run on the CPU under many random interleavings to
 find deadlocks and buffer races before a GPU does: the one-stage ring (two rounds of one 64-key
-stage) and its three round slots (traits.h kSlots). Each warpgroup is one agent (its four warps
-act alike); mbarriers count warp arrivals; wgmma groups complete when their warpgroup waits for
-them, so a group's reads happen at its wait (the latest the hardware may read).
+stage), its three round slots (traits.h kSlots), and the slots in a CTA pair (--pair: NOT YET
+BUILT, the protocol of sparse_decode/NOTES.md's "slot ring in a CTA pair", checked before it
+is written: CTA rank r decodes the rounds n with n % 2 = r into its slot and bulk-copies it into
+the peer's, completing bytes on the peer's full barrier; each CTA's producer arrives on its full
+barrier for the peer's rounds with expect_tx; the compute warps release both CTAs' slots). Each
+warpgroup is one agent (its four warps act alike); mbarriers count warp arrivals (and, for the
+pair, transaction bytes); wgmma groups complete when their warpgroup waits for them, so a
+group's reads happen at its wait (the latest the hardware may read); a bulk copy is an agent of
+its own that reads its source and lands in the peer whenever it is scheduled.
 
 Checked for tile counts 0..7, both d_qk (d 576: P in the slots' RoPE pieces), many schedules:
   * no deadlock (some agent can always move until all are done);
@@ -12,7 +18,7 @@ Checked for tile counts 0..7, both d_qk (d 576: P in the slots' RoPE pieces), ma
   * every read of a buffer (a round's keys and RoPE, its key mask, P, the row factors) sees the
     version its reader expects: no write lands between the write a read depends on and it.
 
-  python3 tools/ring_sync_model.py [--schedules 2000] [--self-test]
+  python3 tools/ring_sync_model.py [--schedules 2000] [--self-test] [--pair]
 
 Keep it in step with kernel.cuh and producer.cuh. Exit status 1 on any finding.
 """
@@ -32,10 +38,14 @@ class World:
         self.slots = slots
         self.d576 = d576
         self.nb = 3 if slots else 2  # barriers: a slot each, or a round of the one stage each
-        self.full = [[0, 0] for _ in range(self.nb)]   # [arrivals, completed phases]
+        # [arrivals, completed phases, transaction units still expected (the pair's copies)]
+        self.full = [[0, 0, 0] for _ in range(self.nb)]
         self.empty = [[0, 0] for _ in range(self.nb)]
         self.buf: dict[str, object] = {}
         self.p_gen = [0, 0]  # the named barrier P0: [WG0 arrivals, WG1 syncs passed]
+        self.peer: World | None = None  # the pair's other CTA
+        self.empty_need = 8             # 16 in a pair: both CTAs' compute warps
+        self.copies: list = []          # the pair: bulk copies issued, not yet landed
 
     def where(self, n):
         """Round n's barrier / buffer index and the use of it (the phase parity's source)."""
@@ -48,6 +58,27 @@ class World:
         if bars[i][0] == need:
             bars[i][0] = 0
             bars[i][1] += 1
+
+    def arrive_full(self, i, expect_tx=0):
+        """A producer warp's arrival on full[i] (4 a phase), with the transaction units it
+        expects (the pair: the peer's copy of the round); the phase completes when every arrival
+        is in and every expected unit has landed (units may land before they are expected)."""
+        f = self.full[i]
+        f[0] += 1
+        f[2] += expect_tx
+        if f[0] > 4:
+            raise Finding(f"mbarrier full {i}: {f[0]} arrivals for a phase of 4")
+        self._complete_full(i)
+
+    def complete_tx(self, i, units):
+        self.full[i][2] -= units
+        self._complete_full(i)
+
+    def _complete_full(self, i):
+        f = self.full[i]
+        if f[0] == 4 and f[2] == 0:
+            f[0] = 0
+            f[1] += 1
 
     @staticmethod
     def ready(bars, i, parity):  # try_wait.parity: passes once the phase of that parity is done
@@ -82,7 +113,48 @@ def producer(w: World):
             w.write(f"rope{i}", ("round", n))
         w.write(f"valid{i}", ("round", n))
         for _ in range(4):
-            w.arrive(w.full, 4, i)
+            w.arrive_full(i)
+
+
+# The slots in a CTA pair (not yet built; sparse_decode/NOTES.md): this CTA's producer walks every
+# round; its own rounds (n % 2 = rank) it decodes into its slot and bulk-copies into the peer's
+# (the copy reads its source and lands later, completing 4 units on the peer's full barrier), and
+# arrives on its own full barrier only once the copy has read its source (bulk wait_group.read:
+# at d 576 this CTA's WG0 writes P over the slot's RoPE piece once its QK^T is done); for the
+# peer's rounds it arrives on its own full barrier expecting those 4 units (a unit each warp).
+# Both wait the slot's empty barrier first: 16 arrivals, both CTAs' compute warps.
+def producer_pair(w: World, rank: int):
+    rounds = 2 * w.n_tiles
+    for n in range(rounds):
+        i, use = w.where(n)
+        yield lambda i=i, use=use: w.ready(w.empty, i, (use & 1) ^ 1)
+        if n % 2 == rank:
+            names = [f"keys{i}", f"valid{i}"] + ([f"rope{i}"] if w.d576 else [])
+            for name in names:
+                w.write(name, ("round", n))
+            copy = {"slot": i, "names": names, "read": None}
+            w.copies.append(copy)
+            if w.mut != "arrive_before_copy_read":
+                yield lambda c=copy: c["read"] is not None  # cp.async.bulk.wait_group.read 0
+            for _ in range(4):
+                w.arrive_full(i)
+        else:
+            for _ in range(4):
+                w.arrive_full(i, 0 if w.mut == "no_expect_tx" else 1)
+
+
+def copy_engine(w: World):
+    """The bulk copies this CTA's producer issues, in issue order: each reads its source at some
+    point after its issue, and lands in the peer at some later point."""
+    for _ in range(w.n_tiles):  # this CTA's rounds: one of each tile's two
+        yield lambda: bool(w.copies)
+        copy = w.copies[0]
+        copy["read"] = {name: w.buf.get(name) for name in copy["names"]}
+        yield lambda: True  # (anything may run between the read and the landing)
+        w.copies.pop(0)
+        for name, value in copy["read"].items():
+            w.peer.write(name, value)
+        w.peer.complete_tx(copy["slot"], 4)
 
 
 def consumer(w: World, wg: int):
@@ -95,9 +167,11 @@ def consumer(w: World, wg: int):
             for name, expect in groups.pop(0):
                 w.read(name, expect, who)
 
-    def release(n):  # lane 0 of each of the warpgroup's 4 warps
+    def release(n):  # lane 0 of each of the warpgroup's 4 warps (and, paired, on the peer's)
         for _ in range(4):
-            w.arrive(w.empty, 8, w.where(n)[0])
+            w.arrive(w.empty, w.empty_need, w.where(n)[0])
+            if w.peer is not None and w.mut != "release_local_only":
+                w.peer.arrive(w.peer.empty, w.peer.empty_need, w.where(n)[0])
 
     def round_reads(n, pv):  # QK^T reads a round's keys and RoPE rows, P V its first 512 dims
         i = w.where(n)[0]
@@ -154,6 +228,31 @@ def consumer(w: World, wg: int):
     wait_groups(0)
 
 
+def run_pair(n_tiles, d576, rng, mutation=""):
+    """The slots in a CTA pair: two CTAs of three warpgroups and a copy engine each."""
+    cta = [World(n_tiles, True, d576, mutation) for _ in range(2)]
+    for r in range(2):
+        cta[r].peer = cta[1 - r]
+        cta[r].empty_need = 8 if mutation == "release_local_only" else 16
+    agents = {}
+    for r in range(2):
+        w = cta[r]
+        agents[f"producer{r}"] = producer_pair(w, r)
+        agents[f"copy{r}"] = copy_engine(w)
+        agents[f"WG0.{r}"] = consumer(w, 0)
+        agents[f"WG1.{r}"] = consumer(w, 1)
+    run_agents(agents, rng)
+    last = cta[0].where(2 * n_tiles - 1)[0] if n_tiles else -1
+    for r in range(2):
+        for i in range(3):
+            # the last round: WG0 never hands it back, in either CTA (4 arrivals from each)
+            expect = (8 if mutation != "release_local_only" else 4) if i == last else 0
+            if cta[r].empty[i][0] != expect:
+                raise Finding(f"CTA {r} empty barrier {i} ends with {cta[r].empty[i][0]} arrivals")
+            if cta[r].full[i][0] != 0 or cta[r].full[i][2] != 0:
+                raise Finding(f"CTA {r} full barrier {i} ends with {cta[r].full[i]}")
+
+
 def run_one(n_tiles, slots, d576, rng, mutation=""):
     w = World(n_tiles, slots, d576, mutation)
     agents = {"producer": producer(w), "WG0": consumer(w, 0), "WG1": consumer(w, 1)}
@@ -167,6 +266,11 @@ def run_one(n_tiles, slots, d576, rng, mutation=""):
 
 
 MUTATIONS = ("p_in_wrong_slot", "wg0_releases_before_its_pv", "wg1_releases_before_loading_p")
+# The pair's deliberate bugs: consumers releasing only their own CTA's slots (a copy may land in
+# a slot the peer still reads), the producer arriving for the peer's round without expecting its
+# bytes, the producer handing its own round to its consumers before the copy has read it (at d
+# 576 P overwrites the RoPE piece the copy still has to read).
+PAIR_MUTATIONS = ("release_local_only", "no_expect_tx", "arrive_before_copy_read")
 
 
 def main(argv) -> int:
@@ -174,7 +278,28 @@ def main(argv) -> int:
     ap.add_argument("--schedules", type=int, default=2000)
     ap.add_argument("--self-test", action="store_true",
                     help="check that each deliberate bug of the round slots is found")
+    ap.add_argument("--pair", action="store_true",
+                    help="the slots in a CTA pair (a protocol not yet built)")
     args = ap.parse_args(argv)
+    if args.pair:
+        if args.self_test:
+            return self_test(PAIR_MUTATIONS, 7, args.schedules,
+                             lambda n_tiles, rng, mutation: run_pair(n_tiles, True, rng, mutation))
+        bad = 0
+        for d576 in (False, True):
+            for n_tiles in range(0, 8):
+                rng = random.Random(1000 * n_tiles + 7 + d576)
+                try:
+                    for _ in range(args.schedules):
+                        run_pair(n_tiles, d576, rng)
+                    print(f"pair {'d576' if d576 else 'd512'} tiles {n_tiles}: "
+                          f"{args.schedules} schedules, no finding")
+                except Finding as f:
+                    bad += 1
+                    print(f"pair {'d576' if d576 else 'd512'} tiles {n_tiles}: FINDING: {f}")
+        print(f"16 configurations x {args.schedules} schedules: "
+              f"{'no finding' if not bad else f'{bad} with findings'}")
+        return 1 if bad else 0
     if args.self_test:
         return self_test(MUTATIONS, 7, args.schedules,
                          lambda n_tiles, rng, mutation: run_one(n_tiles, True, True, rng, mutation))

@@ -65,6 +65,9 @@ python3 tools/seesaw_sync_model.py --self-test --schedules 300
 echo "== the ring fill's synchronisation model (tools/ring_sync_model.py)"
 python3 tools/ring_sync_model.py --schedules 300 | tail -n 1
 python3 tools/ring_sync_model.py --self-test --schedules 300
+# (the slots in a CTA pair: a protocol checked before it is built)
+python3 tools/ring_sync_model.py --pair --schedules 300 | tail -n 1
+python3 tools/ring_sync_model.py --pair --self-test --schedules 300
 
 if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   echo "== Python: install the package into a fresh venv and run pytest"
