@@ -267,6 +267,9 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests wide 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1' 'Sparse*:DenseDecodeKVCache*'
   switch_tests wide_unpaired 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
     'Sparse*:DenseDecodeKVCache*'
+  # The round slots in a CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1, opt-in) on every grid of two
+  # m-blocks; its arithmetic is the slots', so the pair's bit-for-bit test holds too.
+  switch_tests pair_slots OPENMLA_SPARSE_PAIRSLOTS=1 'Sparse*:DenseDecodeKVCache*'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

@@ -84,6 +84,14 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   // The slots decoded by two producer warpgroups (OPENMLA_SPARSE_WIDE=1, 512 threads; not yet
   // measured: by the switch only; sparse_decode/NOTES.md "the next two levers"), any format.
   if (plan.ring >= 2 && sw.wide == 1) plan.ring = 4;
+  // The slots in a CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1; not yet run: by the switch only;
+  // sparse_decode/NOTES.md), on every grid of two m-blocks a pair can serve, unless the pairs
+  // are off.
+  if (sw.pair_slots == 1 && plan.fill_for_format && shape.m_blocks % 2 == 0 && sw.pair != 0) {
+    plan.pair = true;
+    plan.ring = 5;
+    plan.stream = 0;
+  }
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill

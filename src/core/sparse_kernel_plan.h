@@ -37,6 +37,7 @@ struct SparseKernelSwitches {
   int slots = -1;     // OPENMLA_SPARSE_SLOTS: the ring's form, 0 one stage, 1 three round slots
   int fp16 = -1;      // OPENMLA_SPARSE_FP16: the slots' keys staged as fp16 (fp8 formats)
   int wide = -1;      // OPENMLA_SPARSE_WIDE: the slots decoded by two producer warpgroups
+  int pair_slots = -1;  // OPENMLA_SPARSE_PAIRSLOTS: the slots in a CTA pair (two m-blocks)
   bool generic_fill = false;  // OPENMLA_SPARSE_FILL=generic
 };
 
@@ -47,7 +48,7 @@ struct SparseKernelPlan {
   int ring = 0;                  // 1 the ring fill's kernel (raw bytes by cp.async, one
                                  // bf16 stage), 2 with three round slots, 3 the slots with
                                  // the keys staged as fp16, 4 the slots decoded by two
-                                 // producer warpgroups; 0 not
+                                 // producer warpgroups, 5 the slots in a CTA pair; 0 not
   bool seesaw = false;           // compute warpgroups in the seesaw order
   bool stagger = false;          // ... with staggered maxima
   bool group_fill = false;       // bf16 rows by 8-lane groups

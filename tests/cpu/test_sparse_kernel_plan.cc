@@ -235,6 +235,21 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   }
   EXPECT_EQ(dense_rows(F::kFP8_Model1, 16, 64, wide).ring, 4);  // over the fp16 default too
   EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, wide).ring, 1);     // not the one-stage form
+  // The slots in a CTA pair (form 5, paired): by the switch, on grids of two m-blocks.
+  SparseKernelSwitches pair_slots;
+  pair_slots.pair_slots = 1;
+  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
+    for (bool dense : {false, true}) {
+      const SparseKernelPlan pl = ring(f, 2, dense, 32, pair_slots);
+      EXPECT_TRUE(pl.pair);
+      EXPECT_EQ(pl.ring, 5);
+      EXPECT_EQ(pl.stream, 0);
+      EXPECT_EQ(ring(f, 1, dense, 32, pair_slots).pair, false);  // one m-block: no pair
+    }
+  }
+  pair_slots.pair = 0;  // the pairs off win
+  EXPECT_FALSE(ring(F::kFP8_V32, 2, false, 32, pair_slots).pair);
+  EXPECT_EQ(ring(F::kFP8_V32, 2, false, 32, pair_slots).ring, 2);
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);

@@ -614,7 +614,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           warpgroup_commit_batch();
           if (r == 0 && kk > 0) {
             warpgroup_wait<1>();
-            release_stage(&smem.empty[kSlots ? (n + 2) % 3 : 1], lane, false);  // round n - 1
+            release_stage(&smem.empty[kSlots ? (n + 2) % 3 : 1], lane,
+                          Traits::kPairSlots);  // round n - 1
           }
         }
       } else {
@@ -732,13 +733,15 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                                      at_offset(tOrVs128, (2 * kk + 1) % 3 * Traits::kSlotBytes),
                                      tOrO);
         warpgroup_wait<1>();
-        release_stage(&smem.empty[s0], lane, false);  // round 0's keys (round 1's: above)
+        // round 0's keys (round 1's: above)
+        release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
       } else if constexpr (kSlots) {
         const int s0 = (2 * kk) % 3;
         gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
                          at_offset(tOrVs, (2 * kk + 1) % 3 * Traits::kSlotBytes), tOrO);
         warpgroup_wait<1>();
-        release_stage(&smem.empty[s0], lane, false);  // round 0's keys (round 1's: above)
+        // round 0's keys (round 1's: above)
+        release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
       } else if constexpr (Traits::kRing) {
         gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
         warpgroup_wait<1>();
@@ -785,9 +788,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
                            at_offset(tOrVs, s1 * Traits::kSlotBytes), tOrO);
         }
         warpgroup_wait<1>();
-        release_stage(&smem.empty[s0], lane, false);
+        release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
         wait_pv(tOrO, tOrP);
-        release_stage(&smem.empty[s1], lane, false);
+        release_stage(&smem.empty[s1], lane, Traits::kPairSlots);
       } else if constexpr (Traits::kRing) {  // each round's keys handed back as its P V completes
         gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
         warpgroup_wait<1>();
@@ -944,6 +947,18 @@ __device__ __forceinline__ void produce_ring(const SparseDecodeParams& p,
   using kvcodec::Codec;
   constexpr int kV32 = static_cast<int>(Codec::kFP8_V32), kModel1 = static_cast<int>(Codec::kFP8_Model1);
   constexpr int kMX = static_cast<int>(Codec::kFP8_MX), kFP4 = static_cast<int>(Codec::kFP4);
+  if constexpr (Traits::kPairSlots) {  // (the round slots in a CTA pair)
+    if constexpr (Traits::kHeadDimQK == 576) {
+      if (p.fill_codec == kV32) return produce_by_ring_pair<Traits, kV32>(p, smem, problem, split);
+    } else {
+      if (p.fill_codec == kModel1) {
+        return produce_by_ring_pair<Traits, kModel1>(p, smem, problem, split);
+      }
+      if (p.fill_codec == kMX) return produce_by_ring_pair<Traits, kMX>(p, smem, problem, split);
+      if (p.fill_codec == kFP4) return produce_by_ring_pair<Traits, kFP4>(p, smem, problem, split);
+    }
+    __trap();
+  }
   if constexpr (Traits::kHeadDimQK == 576) {
     if (p.fill_codec == kV32) return produce_by_ring<Traits, kV32>(p, smem, problem, split);
   } else {
@@ -985,7 +1000,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 #pragma unroll
         for (int r = 0; r < Traits::kBarriers; ++r) {  // (the round slots: per slot)
           cutlass::arch::ClusterBarrier::init(&smem.full[r], 4 * Traits::kProducerWarpgroups);
-          cutlass::arch::ClusterBarrier::init(&smem.empty[r], 8);
+          // (the slots in a CTA pair: both CTAs' compute warps)
+          cutlass::arch::ClusterBarrier::init(&smem.empty[r], Traits::kPairSlots ? 16 : 8);
         }
       } else {
         // lane 0 of the 4 producer warps and of the 8 compute warps (of both CTAs of a pair)
@@ -1064,6 +1080,10 @@ cudaError_t launch_sparse_decode_ring(const SparseDecodeParams& params, cudaStre
   if (params.ring == 4) {  // the slots decoded by two producer warpgroups (traits.h kRing_ 4)
     return launch_sparse_decode_traits<
         SparseDecodeTraits<kHeadDimQK, kDense, false, false, 4>>(params, stream);
+  }
+  if (params.ring == 5) {  // the slots in a CTA pair (traits.h kPairSlots; params.pair)
+    return launch_sparse_decode_traits<
+        SparseDecodeTraits<kHeadDimQK, kDense, false, false, 5>>(params, stream);
   }
   return launch_sparse_decode_traits<
       SparseDecodeTraits<kHeadDimQK, kDense, false, false, 1>>(params, stream);

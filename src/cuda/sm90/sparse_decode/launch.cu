@@ -48,6 +48,7 @@ core::SparseKernelSwitches env_switches() {
   sw.slots = env_switch("OPENMLA_SPARSE_SLOTS");
   sw.fp16 = env_switch("OPENMLA_SPARSE_FP16");
   sw.wide = env_switch("OPENMLA_SPARSE_WIDE");
+  sw.pair_slots = env_switch("OPENMLA_SPARSE_PAIRSLOTS");
   sw.generic_fill = env_is("OPENMLA_SPARSE_FILL", "generic");
   return sw;
 }

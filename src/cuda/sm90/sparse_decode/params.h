@@ -98,7 +98,7 @@ struct SparseDecodeParams {
   int ring;             // fill_codec >= 0, unpaired: 1 the ring fill's kernel (traits.h kRing;
                         // producer.cuh produce_by_ring), 2 with three round slots, 3 the
                         // slots with fp16 keys (kFp16), 4 the slots decoded by two producer
-                        // warpgroups (512 threads); 0 off
+                        // warpgroups (512 threads), 5 the slots in a CTA pair (with pair); 0 off
 };
 
 }  // namespace openmla::cuda::sm90

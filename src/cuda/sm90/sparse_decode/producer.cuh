@@ -1433,6 +1433,101 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
   asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
 }
 
+// The round slots in a CTA pair (traits.h kPairSlots; OPENMLA_SPARSE_PAIRSLOTS=1): the protocol
+// model-checked by tools/ring_sync_model.py --pair (sparse_decode/NOTES.md). CTA rank r's producer
+// walks every round n of the split: its own rounds (n % 2 = r) it copies into its raw ring (one
+// own round ahead), decodes into its slot n % 3 and bulk-copies that slot (its 4 KB pieces and its
+// 4 mask words) into the peer's slot n % 3, completing the bytes on the peer's full barrier, and
+// arrives on its own full barrier once the copy has read its source (at d 576 WG0 writes P over
+// the slot's RoPE piece after the round's QK^T); for the peer's rounds each warp arrives on its
+// own full barrier expecting a quarter of the copy's bytes. Every round first waits for the slot's
+// empty barrier: both CTAs' compute warps (16) release it.
+template <class Traits, int kCodec>
+__device__ __forceinline__ void produce_by_ring_pair(const SparseDecodeParams& p,
+                                                     typename Traits::SharedStorage& smem,
+                                                     int problem, int split) {
+  static_assert(Traits::kPairSlots);
+  constexpr int D = Traits::kHeadDimQK;
+  constexpr int kRounds = ring_rounds<Traits, kCodec>();
+  constexpr int kKeyBytes = ring_key_bytes<D, kCodec>();
+  constexpr int kRoundBytes = Traits::kRingRoundKeys * kKeyBytes;
+  static_assert(kRounds >= 2 && kRounds * kRoundBytes <= Traits::kRingBytes);
+  constexpr uint32_t kCopyBytes = Traits::kNumPieces * Traits::kSlotPieceBytes + 16;
+  const int warp = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
+  const int q = lane & 3;
+  const int row0 = 8 * warp + (lane >> 2);
+  const int rank = static_cast<int>(cluster_rank());
+  const Problem keys = problem_of<Traits::kDense>(p, problem);
+  const int2 range = split_tiles<Traits::kDense>(p, keys, split);
+  const int n_rounds = 2 * (range.y - range.x);
+  const int n_own = range.y - range.x;  // own round m is round 2 m + rank: keys 32 rank .. of tile m
+  auto slot_at = [&](int m) {
+    if (m >= n_own) return -1;
+    return slot_of<Traits::kDense>(p, tile_at(keys, range.x + m), keys, row0 + 32 * rank);
+  };
+  const uint32_t ring = smem_u32(smem.ring) + row0 * kKeyBytes;  // + (m % kRounds) kRoundBytes
+  uint32_t ok_bits = 0u;
+  auto issue = [&](int m, int slot) {
+    bool ok = false;
+    if (m < n_own) {
+      const SparseCacheParams& c = p.cache[tile_at(keys, range.x + m).cache];
+      ok = slot >= 0 && slot < c.num_slots;
+      ring_issue_key<D, kCodec>(c, slot, ok, q, ring + (m % kRounds) * kRoundBytes);
+    }
+    cp_async_commit();
+    ok_bits = ok_bits << 1 | (ok ? 1u : 0u);
+  };
+#pragma unroll 1
+  for (int m = 0; m < kRounds - 1; ++m) issue(m, slot_at(m));
+  int slot_a = slot_at(kRounds - 1);
+  StageDst dst;
+  dst.local = reinterpret_cast<char*>(smem.k[0]);
+  dst.peer = 0u;
+  dst.peer_bar = 0u;
+#pragma unroll 1
+  for (int n = 0; n < n_rounds; ++n) {
+    const int s = n % 3, use = n / 3;
+    cutlass::arch::ClusterBarrier::wait(&smem.empty[s], (use & 1) ^ 1);  // both CTAs released it
+    if ((n & 1) != rank) {  // the peer's round: its copy completes this barrier's bytes
+      __syncwarp();
+      if (lane == 0) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[s],
+                                                                       kCopyBytes / 4);
+      }
+      continue;
+    }
+    const int m = n >> 1;
+    __syncwarp();  // every lane's reads of own round m - 1's records (the record reissued now)
+    issue(m + kRounds - 1, slot_a);
+    slot_a = slot_at(m + kRounds);
+    cp_async_wait_group<kRounds - 1>();  // this thread's copies of own round m have landed
+    __syncwarp();                         // and every lane's
+    const bool ok = (ok_bits >> (kRounds - 1)) & 1u;
+    StageDst in_slot = dst;
+    in_slot.local += s * Traits::kSlotBytes;
+    ring_decode_key<D, kCodec, Traits::kSlotPieceBytes>(ring + (m % kRounds) * kRoundBytes, q,
+                                                        in_slot, row0);
+    store_round_mask(ok, lane, &smem.valid[0][4 * s + warp]);
+    fence_async_smem();  // the generic stores before wgmma's and the bulk copy's reads
+    attention::bar_sync(kBarFill, 128);  // all four warps' rows stored
+    if (warp == 0 && lane == 0) {
+      const uint32_t src = smem_u32(in_slot.local), peer = rank ^ 1;
+      const uint32_t peer_bar = peer_addr(smem_u32(&smem.full[s]), peer);
+#pragma unroll 1
+      for (int e = 0; e < Traits::kNumPieces; ++e) {
+        const uint32_t piece = src + e * Traits::kSlotPieceBytes;
+        bulk_to_peer(peer_addr(piece, peer), piece, Traits::kSlotPieceBytes, peer_bar);
+      }
+      const uint32_t mask_words = smem_u32(&smem.valid[0][4 * s]);
+      bulk_to_peer(peer_addr(mask_words, peer), mask_words, 16, peer_bar);
+      asm volatile("cp.async.bulk.commit_group;\n\tcp.async.bulk.wait_group.read 0;" ::: "memory");
+    }
+    attention::bar_sync(kBarFill, 128);  // the copy has read the slot
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[s]);
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
+}
+
 // The producer warpgroup (warps 8-11): warp w fills keys 16 w .. 16 w + 15 of every tile.
 template <class Traits>
 __device__ __forceinline__ void produce(const SparseDecodeParams& p,

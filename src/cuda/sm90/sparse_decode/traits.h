@@ -34,7 +34,9 @@ namespace openmla::cuda::sm90 {
 // formats' codes by one cvt a pair, each key and Q's rows scaled by powers of two into fp16's
 // range, S and P scaled back in fp32; at d 576 the RoPE piece stays bf16); 4 the round slots
 // decoded by TWO producer warpgroups (OPENMLA_SPARSE_WIDE=1; 512 threads, 8 lanes a key, each
-// of the 8 warps 4 keys of every round; NOTES.md "the next two levers"); 0 not.
+// of the 8 warps 4 keys of every round; NOTES.md "the next two levers"); 5 the round slots in a
+// CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1; pair.cuh: CTA rank r decodes the rounds n with n % 2 = r
+// into its slot and bulk-copies the slot into the peer's; NOTES.md); 0 not.
 template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
           int kRing_ = 0>
 struct SparseDecodeTraits
@@ -51,7 +53,8 @@ struct SparseDecodeTraits
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
   static constexpr bool kRing = kRing_ > 0;
   static constexpr bool kSlots = kRing_ >= 2;
-  static_assert(kRing_ >= 0 && kRing_ <= 4);
+  static_assert(kRing_ >= 0 && kRing_ <= 5);
+  static constexpr bool kPairSlots = kRing_ == 5;
   static constexpr int kProducerWarpgroups = kRing_ == 4 ? 2 : 1;
   static_assert(!(kRing && kSeesaw), "the ring fill serves quantised keys, the seesaw bf16 ones");
   // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
