@@ -63,11 +63,10 @@ __device__ __forceinline__ float max_base(float m, float scale_log2) {
   return m == -INFINITY ? 0.f : m * scale_log2;
 }
 
-// P = exp(S - m) in place (S's accumulator order) and its row sums; P packed into the A
-// fragment of P V (the accumulator's register order is the A fragment's: 2 values a word).
-template <class Element, class TS, class TAcc, class TP>
-__device__ __forceinline__ void softmax_to_p(TS& S, TAcc const& tSrS, const float (&base)[2],
-                                             float sl2, float (&row_sum)[2], TP& tOrP) {
+// P = exp(S - m) in place (S's accumulator order) and its row sums.
+template <class TS>
+__device__ __forceinline__ void exp_rows(TS& S, const float (&base)[2], float sl2,
+                                         float (&row_sum)[2]) {
   using namespace cute;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -75,37 +74,42 @@ __device__ __forceinline__ void softmax_to_p(TS& S, TAcc const& tSrS, const floa
     for (int j = 0; j < size<1>(S); ++j) S(i, j) = exp2_approx(S(i, j) * sl2 - base[i]);
     row_sum[i] = row_reduce<false>(S, i);
   }
-  // The accumulator's flat order (tSrS, compact) is the fragment's; pack pairs of it.
+}
+// The accumulator (its flat order, tSrS, compact) packed into the A fragment of P V: the
+// accumulator's register order is the fragment's, 2 values a word.
+template <class Element, class TAcc, class TP>
+__device__ __forceinline__ void pack_p(TAcc const& tSrS, TP& tOrP) {
+  using namespace cute;
   static_assert(decltype(size(tSrS))::value == 2 * decltype(size(recast<uint32_t>(tOrP)))::value);
   Tensor P32 = recast<uint32_t>(tOrP);
 #pragma unroll
   for (int k = 0; k < size(P32); ++k) P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
 }
 
-// softmax_to_p with each column of P (after the row sums) times col_scale(j) before packing:
-// sparse decode's fp16-staged keys (sparse_decode/traits.h kFp16), whose V rows carry a power of
-// two of their own.
+// P = exp(S - m), its row sums, and P packed for P V.
+template <class Element, class TS, class TAcc, class TP>
+__device__ __forceinline__ void softmax_to_p(TS& S, TAcc const& tSrS, const float (&base)[2],
+                                             float sl2, float (&row_sum)[2], TP& tOrP) {
+  exp_rows(S, base, sl2, row_sum);
+  pack_p<Element>(tSrS, tOrP);
+}
+
+// The same with each column of P (after the row sums) times col_scale(j) before packing: sparse
+// decode's fp16-staged keys (sparse_decode/traits.h kFp16), whose V rows carry a power of two of
+// their own.
 template <class Element, class TS, class TAcc, class TP, class ColScale>
 __device__ __forceinline__ void softmax_to_p_cols(TS& S, TAcc const& tSrS, const float (&base)[2],
                                                   float sl2, float (&row_sum)[2], TP& tOrP,
                                                   ColScale&& col_scale) {
   using namespace cute;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int j = 0; j < size<1>(S); ++j) S(i, j) = exp2_approx(S(i, j) * sl2 - base[i]);
-    row_sum[i] = row_reduce<false>(S, i);
-  }
+  exp_rows(S, base, sl2, row_sum);
 #pragma unroll
   for (int j = 0; j < size<1>(S); ++j) {
     const float g = col_scale(j);
 #pragma unroll
     for (int i = 0; i < 2; ++i) S(i, j) *= g;
   }
-  static_assert(decltype(size(tSrS))::value == 2 * decltype(size(recast<uint32_t>(tOrP)))::value);
-  Tensor P32 = recast<uint32_t>(tOrP);
-#pragma unroll
-  for (int k = 0; k < size(P32); ++k) P32(k) = pack2<Element>(tSrS(2 * k), tSrS(2 * k + 1));
+  pack_p<Element>(tSrS, tOrP);
 }
 
 }  // namespace attention

@@ -173,24 +173,24 @@ __device__ __forceinline__ uint64_t stage_valid(const uint32_t (&words)[8]) {
 }
 
 // The round slots' key mask of a tile (traits.h kSlots): keys 0-31 from slot s0's 4 words, 32-63
-// from slot s1's (word w of a slot holds keys 8 w .. 8 w + 7 of its round in its low byte).
-__device__ __forceinline__ uint64_t slots_valid(const uint32_t (&words)[12], int s0, int s1) {
+// from slot s1's (word w of a slot holds keys 8 w .. 8 w + 7 of its round in its low byte, read
+// out of the word by `byte`).
+template <class Byte>
+__device__ __forceinline__ uint64_t slots_mask(const uint32_t (&words)[12], int s0, int s1,
+                                               Byte&& byte) {
   const uint4 a = reinterpret_cast<const uint4*>(words)[s0];
   const uint4 b = reinterpret_cast<const uint4*>(words)[s1];
-  return (a.x | a.y << 8 | a.z << 16 | a.w << 24) |
-         static_cast<uint64_t>(b.x | b.y << 8 | b.z << 16 | b.w << 24) << 32;
-}
-
-// The same with two producer warpgroups (traits.h kRing_ 4): byte b of word w of a slot holds keys
-// 8 w + 4 b .. + 3 in its bits 0 .. 3 (bytes 2-3 never written).
-__device__ __forceinline__ uint64_t slots_valid8(const uint32_t (&words)[12], int s0, int s1) {
-  auto byte_mask = [](uint32_t x) { return (x & 0xFu) | ((x >> 4) & 0xF0u); };
-  const uint4 a = reinterpret_cast<const uint4*>(words)[s0];
-  const uint4 b = reinterpret_cast<const uint4*>(words)[s1];
-  return (byte_mask(a.x) | byte_mask(a.y) << 8 | byte_mask(a.z) << 16 | byte_mask(a.w) << 24) |
-         static_cast<uint64_t>(byte_mask(b.x) | byte_mask(b.y) << 8 | byte_mask(b.z) << 16 |
-                               byte_mask(b.w) << 24)
+  return (byte(a.x) | byte(a.y) << 8 | byte(a.z) << 16 | byte(a.w) << 24) |
+         static_cast<uint64_t>(byte(b.x) | byte(b.y) << 8 | byte(b.z) << 16 | byte(b.w) << 24)
              << 32;
+}
+__device__ __forceinline__ uint64_t slots_valid(const uint32_t (&words)[12], int s0, int s1) {
+  return slots_mask(words, s0, s1, [](uint32_t x) { return x; });
+}
+// With two producer warpgroups (traits.h kRing_ 4) byte b of word w holds keys 8 w + 4 b .. + 3
+// in its bits 0 .. 3 (bytes 2-3 never written).
+__device__ __forceinline__ uint64_t slots_valid8(const uint32_t (&words)[12], int s0, int s1) {
+  return slots_mask(words, s0, s1, [](uint32_t x) { return (x & 0xFu) | ((x >> 4) & 0xF0u); });
 }
 
 // The round slots' P V (attention/mma.cuh gemm_pv_by_slots) as 64 x 128 groups (traits.h
