@@ -25,10 +25,9 @@ Keep it in step with kernel.cuh and producer.cuh. Exit status 1 on any finding.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 
-from sync_model import Finding, run_agents, self_test
+from sync_model import Finding, check_configurations, run_agents, self_test
 
 
 class World:
@@ -285,41 +284,19 @@ def main(argv) -> int:
         if args.self_test:
             return self_test(PAIR_MUTATIONS, 7, args.schedules,
                              lambda n_tiles, rng, mutation: run_pair(n_tiles, True, rng, mutation))
-        bad = 0
-        for d576 in (False, True):
-            for n_tiles in range(0, 8):
-                rng = random.Random(1000 * n_tiles + 7 + d576)
-                try:
-                    for _ in range(args.schedules):
-                        run_pair(n_tiles, d576, rng)
-                    print(f"pair {'d576' if d576 else 'd512'} tiles {n_tiles}: "
-                          f"{args.schedules} schedules, no finding")
-                except Finding as f:
-                    bad += 1
-                    print(f"pair {'d576' if d576 else 'd512'} tiles {n_tiles}: FINDING: {f}")
-        print(f"16 configurations x {args.schedules} schedules: "
-              f"{'no finding' if not bad else f'{bad} with findings'}")
-        return 1 if bad else 0
+        return check_configurations(
+            [(f"pair {'d576' if d576 else 'd512'} tiles {n_tiles}", 1000 * n_tiles + 7 + d576,
+              lambda rng, n_tiles=n_tiles, d576=d576: run_pair(n_tiles, d576, rng))
+             for d576 in (False, True) for n_tiles in range(0, 8)], args.schedules)
     if args.self_test:
         return self_test(MUTATIONS, 7, args.schedules,
                          lambda n_tiles, rng, mutation: run_one(n_tiles, True, True, rng, mutation))
-    bad = 0
-    for slots in (False, True):
-        for d576 in (False, True):
-            name = ("slots" if slots else "one stage") + (" d576" if d576 else " d512")
-            for n_tiles in range(0, 8):
-                rng = random.Random(1000 * n_tiles + 10 * slots + d576)
-                try:
-                    for _ in range(args.schedules):
-                        run_one(n_tiles, slots, d576, rng)
-                    print(f"{name:15s} tiles {n_tiles}: {args.schedules} schedules, no finding")
-                except Finding as f:
-                    bad += 1
-                    print(f"{name:15s} tiles {n_tiles}: FINDING: {f}")
-    print(f"32 configurations x {args.schedules} schedules: "
-          f"{'no finding' if not bad else f'{bad} with findings'}")
-    return 1 if bad else 0
-
+    return check_configurations(
+        [(f"{('slots' if slots else 'one stage') + (' d576' if d576 else ' d512'):15s} "
+          f"tiles {n_tiles}", 1000 * n_tiles + 10 * slots + d576,
+          lambda rng, n_tiles=n_tiles, slots=slots, d576=d576: run_one(n_tiles, slots, d576, rng))
+         for slots in (False, True) for d576 in (False, True) for n_tiles in range(0, 8)],
+        args.schedules)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

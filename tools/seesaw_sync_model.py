@@ -24,7 +24,7 @@ import argparse
 import random
 import sys
 
-from sync_model import Finding, run_agents, self_test
+from sync_model import Finding, check_configurations, run_agents, self_test
 
 
 class World:
@@ -256,24 +256,13 @@ def main(argv) -> int:
                          "wg1_releases_r0_early", "pv_hands_back_before_reading"), 8, args.schedules,
                          lambda n_tiles, rng, mutation: run_one(n_tiles, True, True, rng, mutation))
     orders = {"all": (False, True), "seesaw": (False,), "stagger": (True,)}[args.order]
-    bad = 0
-    for stagger in orders:
-        for d576 in (False, True):
-            name = ("stagger" if stagger else "seesaw") + (" d576" if d576 else " d512")
-            for n_tiles in range(0, 9):
-                rng = random.Random(1000 * n_tiles + 10 * stagger + d576)
-                try:
-                    for _ in range(args.schedules):
-                        run_one(n_tiles, stagger, d576, rng)
-                    print(f"{name:13s} tiles {n_tiles}: {args.schedules} schedules, no finding")
-                except Finding as f:
-                    bad += 1
-                    print(f"{name:13s} tiles {n_tiles}: FINDING: {f}")
-    total = len(orders) * 2 * 9
-    print(f"{total} configurations x {args.schedules} schedules: "
-          f"{'no finding' if not bad else f'{bad} with findings'}")
-    return 1 if bad else 0
-
+    return check_configurations(
+        [(f"{('stagger' if stagger else 'seesaw') + (' d576' if d576 else ' d512'):13s} "
+          f"tiles {n_tiles}", 1000 * n_tiles + 10 * stagger + d576,
+          lambda rng, n_tiles=n_tiles, stagger=stagger, d576=d576:
+              run_one(n_tiles, stagger, d576, rng))
+         for stagger in orders for d576 in (False, True) for n_tiles in range(0, 9)],
+        args.schedules)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

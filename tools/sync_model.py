@@ -45,3 +45,21 @@ def self_test(mutations, max_tiles: int, schedules: int,
         print(f"mutation {mutation}: {'found, ' + found if found else 'MISSED'}")
         missed += found is None
     return 1 if missed else 0
+
+
+def check_configurations(configs, schedules: int) -> int:
+    """Runs each configuration (label, seed, run(rng)) under `schedules` random schedules,
+    printing a line each and a total; exit status 1 if any had a finding."""
+    bad = 0
+    for label, seed, run in configs:
+        rng = random.Random(seed)
+        try:
+            for _ in range(schedules):
+                run(rng)
+            print(f"{label}: {schedules} schedules, no finding")
+        except Finding as f:
+            bad += 1
+            print(f"{label}: FINDING: {f}")
+    print(f"{len(configs)} configurations x {schedules} schedules: "
+          f"{'no finding' if not bad else f'{bad} with findings'}")
+    return 1 if bad else 0
