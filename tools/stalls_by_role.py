@@ -4,7 +4,7 @@ instruction, `ncu --import REP --page source --csv --print-source sass`, as tool
 writes it) joined with the same kernel's inlining chains (`nvdisasm -gi` of a cubin built with
 -lineinfo). Each instruction goes to the role whose call in sparse_decode_kernel (kernel.cuh)
 its chain passes through: the producer's fills, WG1 or WG0 (their consume calls); the rest is the
-prologue. Prints each role's share of the samples, its top stall reasons and the
+prologue. Prints each role's share of the samples, the warp instructions it executed, its top stall reasons and the
 share spent spinning on mbarriers (try-wait loops) and waiting for wgmmas.
 
 The cubin must hold the profiled kernel's exact SASS (the opcodes are compared): build the
@@ -98,10 +98,12 @@ def main(argv) -> int:
     stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
     agg = collections.defaultdict(collections.Counter)
     samples, spin, wgmma = collections.Counter(), collections.Counter(), collections.Counter()
+    issued = collections.Counter()  # warp-level instructions executed, the whole grid
     for (op, chain), r in zip(instr, data):
         who = role(chain)
         n = int(r[ix["Warp Stall Sampling (All Samples)"]] or 0)
         samples[who] += n
+        issued[who] += int((r[ix["Instructions Executed"]] or "0").replace(",", ""))
         for s in stalls:
             agg[who][s] += int(r[ix[s]] or 0)
         if "SYNCS" in op or "NANOSLEEP" in op or (" BRA " in f" {op}" and "@" in op and n > 0
@@ -114,8 +116,9 @@ def main(argv) -> int:
         n = samples[who] or 1
         top = ", ".join(f"{s[6:]} {v / max(1, sum(agg[who].values())):.2f}"
                         for s, v in agg[who].most_common(5))
-        print(f"{who:9s} {samples[who] / total:5.2f} of the samples; mbarrier spins "
-              f"{spin[who] / n:.2f}, wgmma waits {wgmma[who] / n:.2f}; {top}")
+        print(f"{who:9s} {samples[who] / total:5.2f} of the samples, {issued[who] / 1e6:6.2f} M "
+              f"instructions; mbarrier spins {spin[who] / n:.2f}, wgmma waits "
+              f"{wgmma[who] / n:.2f}; {top}")
     return 0
 
 
