@@ -10,20 +10,17 @@
 #                                  (carry [".deps", ".peers", ".pydeps"]; from the repository root;
 #                                  one device call: the machine is released 30 s after a call)
 #
-# Settings (environment; defaults in brackets: the A/Bs waiting for a device, session 31):
-#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_SPARSE_WIDE=1 (the slots decoded by
-#                two producer warpgroups) and OPENMLA_SPARSE_PAIRSLOTS=1 (h_q 128: the slots in a
-#                CTA pair): the FP8-cache rows; the bf16 rows ignore them]
+# Settings (environment; defaults in brackets: the A/Bs waiting for a device, session 32):
+#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_PREFILL_DEQUANT_ONCE=0 (the FP8-cache
+#                rows' direct path, against the default that dequantises each named slot once;
+#                the bf16 rows ignore it)]
+#   DECODE=0     skips the decode rows
 #   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
-#   DECODE_AB    --ab settings of the decode rows [OPENMLA_SPARSE_WIDE=1 (where the slots run),
-#                the same with OPENMLA_SPARSE_RING=1 (everywhere the ring can: fp4 too) and
-#                OPENMLA_SPARSE_PAIRSLOTS=1 (h_q 128: the slots in a CTA pair)]
+#   DECODE_AB    --ab settings of the decode rows [none: the default alone]
 #   PREFILL=0    skips the prefill rows
 #   DENSE_KV=0   skips the dense decode over quantised caches (bench/dense_decode_vs_flashmla.py
 #                --kv-formats)
-#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [OPENMLA_SPARSE_WIDE=1,
-#                the same with OPENMLA_SPARSE_RING=1 (fp8_v32's long splits on the slots too),
-#                and OPENMLA_SPARSE_PAIRSLOTS=1 (h_q 128)]
+#   DENSE_KV_AB  --ab settings of the dense decode over quantised caches [none]
 #   ICACHE [cold] --icache of the benchmarks: cold (instruction caches evicted before every timed
 #                call, bench/icache.py) or mixed (as the previous call left them)
 #   ROUNDS [10]  BUDGET [540] seconds: steps that would start past it are skipped
@@ -74,22 +71,22 @@ ab_args() {
 [[ -n "$failed_switches" ]] && echo "left out (their GPU tests failed):$failed_switches" | tee "$OUT/ab_prefill.txt"
 
 if [[ "${PREFILL:-1}" != 0 ]]; then
-  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_PAIRSLOTS=1}")"
+  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_PREFILL_DEQUANT_ONCE=0}")"
   lim=$(left); [[ $lim -gt 240 ]] && lim=240
   timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" --icache "${ICACHE:-cold}" "${prefill_ab[@]}" \
     >>"$OUT/ab_prefill.txt" 2>&1
   echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
 fi
 
-if [[ $(left) -gt 120 ]]; then
-  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_WIDE=1,OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIRSLOTS=1}")"
+if [[ "${DECODE:-1}" != 0 && $(left) -gt 120 ]]; then
+  read -r -a decode_ab <<<"$(ab_args "${DECODE_AB-}")"
   timeout $(($(left) - 60)) python3 "$bench" --only decode --rows "${DECODE_ROWS:-all}" --rounds "${ROUNDS:-10}" \
     --icache "${ICACHE:-cold}" "${decode_ab[@]}" >"$OUT/ab_decode.txt" 2>&1
   echo "decode A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_decode.txt"
 fi
 
 if [[ "${DENSE_KV:-1}" != 0 && $(left) -gt 60 ]]; then
-  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_WIDE=1,OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIRSLOTS=1}")"
+  read -r -a dense_ab <<<"$(ab_args "${DENSE_KV_AB-}")"
   timeout $(($(left) - 10)) python3 "$ROOT/bench/dense_decode_vs_flashmla.py" --kv-formats \
     --rounds "${ROUNDS:-10}" --icache "${ICACHE:-cold}" "${dense_ab[@]}" >"$OUT/dense_kv.txt" 2>&1
   echo "dense kv rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/dense_kv.txt"

@@ -143,6 +143,15 @@ struct SparsePrefillArgs {
   Workspace workspace;
 };
 size_t sparse_prefill_workspace_size(Device device, int s_q, int h_q, int d_v);
+// The workspace of a call with `kv_cache` of a quantised format (fp8_v32, fp8_model1, fp8_mx,
+// fp4) and `topk` indices a query token. Given at least this much, the CUDA backend dequantises
+// each slot the indices name once into bf16 rows inside the workspace (min(slots, s_q * topk)
+// rows of d_qk, plus s_q * topk int32 row numbers) and runs the bf16 prefill on them, where the
+// keys repeat enough across query tokens (on average 8 decodes a row saved or more); given only
+// the overload above's, it decodes each key in every query token's blocks that gather it. The
+// same operation either way (results agree to rounding); no host sync (graph-safe).
+size_t sparse_prefill_workspace_size(Device device, int s_q, int h_q, int d_v, int64_t topk,
+                                     const KVCache& kv_cache);
 Status sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------

@@ -393,9 +393,10 @@ def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v
 
 
 def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length, out,
-                 max_logits, lse, stream, cache_format=None, cache_layout=None):
+                 max_logits, lse, stream, cache_format=None, cache_layout=None,
+                 dequantize_once=None):
     """Outputs allocated or checked, then the extension's sparse_prefill: keys are kv rows, or a
-    paged cache when cache_layout is given."""
+    paged cache when cache_layout is given (then the workspace as dequantize_once asks)."""
     s_q, h_q, _ = _shape(q)
     if out is None:
         out = frame.empty((s_q, h_q, d_v), "bf16", q, op, "out")
@@ -411,6 +412,12 @@ def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length
         _check_out(op, "lse", lse, ("fp32",), (s_q, h_q))
     device = _device(frame, q, op, "q")
     ws = _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
+    if cache_layout is not None and dequantize_once is not False:
+        once = _C.sparse_prefill_cache_workspace_size(fw.to_c(keys), s_q, h_q,
+                                                       int(_shape(indices)[2]), cache_format,
+                                                       cache_layout, d_v)
+        if dequantize_once or once <= _DEQUANT_ONCE_DEFAULT_MAX_BYTES:
+            ws = once
     with frame.guard(q):
         _C.sparse_prefill(fw.to_c(q), fw.to_c(keys), fw.to_c(indices), fw.to_c(out),
                           fw.to_c(max_logits), fw.to_c(lse), topk_length=fw.to_c(topk_length),
@@ -421,10 +428,16 @@ def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length
     return out, max_logits, lse
 
 
+# sparse_prefill_from_cache's default: the workspace that dequantises each named slot once, up to
+# this size (beyond it the call decodes keys where they are gathered unless asked).
+_DEQUANT_ONCE_DEFAULT_MAX_BYTES = 2 << 30
+
+
 def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] = None,
                               kv_layout: str = "default", softmax_scale: Optional[float] = None,
                               d_v: int = 512, attn_sink=None, topk_length=None, out=None,
-                              max_logits=None, lse=None, stream: Optional[int] = None):
+                              max_logits=None, lse=None, stream: Optional[int] = None,
+                              dequantize_once: Optional[bool] = None):
     """Sparse prefill with the keys read straight from a paged KV cache of any format (fp8_v32,
     fp8_model1, fp8_mx, fp4 or bf16; dequantised as they are loaded, no bf16 copy of the cache).
 
@@ -432,7 +445,14 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
     the format from bytes per token, or `kv_format`); indices [s_q, 1, topk] int32 of cache slots
     block * page_size + offset (invalid: < 0 or >= num_blocks * page_size). Returns (out
     [s_q, h_q, d_v] bf16, max_logits [s_q, h_q], lse [s_q, h_q]), as sparse_prefill. Eager only
-    (no torch.compile custom op yet)."""
+    (no torch.compile custom op yet).
+
+    On the GPU, a quantised cache's keys are either decoded in every block that gathers them, or
+    (where keys repeat across query tokens: on average 8 decodes of a slot saved or more) each
+    slot the indices name is dequantised once into bf16 rows in the call's workspace, then the
+    bf16 prefill runs on them: the same operation, results agree to rounding. That workspace
+    holds min(cache slots, s_q * topk) rows of d_qk bf16 plus s_q * topk int32;
+    dequantize_once=None allocates it when it is at most 2 GiB, True always, False never."""
     op = "sparse_prefill"
     _check(op, "q", q, ("bf16",), 3)
     frame = fw.framework_of(q, op, "q")
@@ -443,7 +463,8 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
     _check(op, "topk_length", topk_length, ("int32",), 1, optional=True)
     scale = _scale(op, softmax_scale)
     return _run_prefill(frame, op, q, k_cache, indices, scale, d_v, attn_sink, topk_length, out,
-                        max_logits, lse, stream, cache_format=kv_format, cache_layout=kv_layout)
+                        max_logits, lse, stream, cache_format=kv_format, cache_layout=kv_layout,
+                        dequantize_once=dequantize_once)
 
 
 # --- merge ----------------------------------------------------------------------------------

@@ -367,6 +367,20 @@ NB_MODULE(_C, m) {
                                              d_v);
       },
       "device_type"_a, "device_index"_a, "s_q"_a, "h_q"_a, "d_v"_a = 512);
+  m.def(
+      "sparse_prefill_cache_workspace_size",
+      [](const Array& k_cache, int s_q, int h_q, int64_t topk, const OptString& k_cache_format,
+         const std::string& k_cache_layout, int d_v) {
+        const char* op = "sparse_prefill_workspace_size";
+        check_non_negative({{"s_q", s_q}, {"h_q", h_q}, {"d_v", d_v}}, op);
+        if (topk < 0) {
+          throw_value_error(std::string(op) + ": topk: expected >= 0, got " + std::to_string(topk));
+        }
+        const KVCache cache = to_kv_cache(k_cache, k_cache_format, k_cache_layout, op, "k_cache");
+        return sparse_prefill_workspace_size(cache.device, s_q, h_q, d_v, topk, cache);
+      },
+      "k_cache"_a, "s_q"_a, "h_q"_a, "topk"_a, "k_cache_format"_a = nb::none(),
+      "k_cache_layout"_a = "default", "d_v"_a = 512);
 
   m.def(
       "kv_format_info",

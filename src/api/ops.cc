@@ -113,6 +113,17 @@ size_t sparse_prefill_workspace_size(Device device, int s_q, int h_q, int d_v) {
   return 0;  // the CPU backend needs none
 }
 
+size_t sparse_prefill_workspace_size(Device device, int s_q, int h_q, int d_v, int64_t topk,
+                                     const KVCache& kv_cache) {
+  (void)topk, (void)kv_cache;
+#if defined(OPENMLA_WITH_CUDA)
+  if (device.type == DeviceType::kCUDA) {
+    return cuda::sparse_prefill_cache_workspace_size(device.index, s_q, h_q, d_v, topk, kv_cache);
+  }
+#endif
+  return sparse_prefill_workspace_size(device, s_q, h_q, d_v);
+}
+
 namespace {
 // Sparse prefill from a paged cache is sparse decode with the query tokens as its batch: q
 // [s_q, h_q, d] as [s_q, 1, h_q, d], indices [s_q, 1, topk] as they are, lse / max_logits
@@ -147,7 +158,16 @@ SparseDecodeArgs prefill_as_decode(const SparsePrefillArgs& a) {
 Status sparse_prefill(const SparsePrefillArgs& args, [[maybe_unused]] Stream stream) {
   core::SparsePrefillShape shape;
   OPENMLA_RETURN_IF_ERROR(core::validate_sparse_prefill(args, &shape));
-  if (args.kv_cache.defined()) return sparse_decode(prefill_as_decode(args), stream);
+  if (args.kv_cache.defined()) {
+#if defined(OPENMLA_WITH_CUDA)
+    // Each named slot dequantised once where the keys repeat across query tokens and the
+    // workspace holds the rows (the workspace size overload with topk and kv_cache).
+    if (shape.device.type == DeviceType::kCUDA && cuda::sparse_prefill_dequantizes_once(args, shape)) {
+      return cuda::sparse_prefill_dequant_once(args, shape, stream);
+    }
+#endif
+    return sparse_decode(prefill_as_decode(args), stream);
+  }
   return dispatch("sparse_prefill", shape.device, [&] { return cpu::sparse_prefill(args, shape); },
                   OPENMLA_CUDA_CALL(cuda::sparse_prefill(args, shape, stream)));
 }

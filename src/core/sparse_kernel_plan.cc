@@ -1,5 +1,7 @@
 #include "core/sparse_kernel_plan.h"
 
+#include <algorithm>
+
 namespace openmla::core {
 
 SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
@@ -110,6 +112,24 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   // (1.07-1.18x, H100, 41d2508, same run).
   plan.group_fill = !quantised && !shape.dense_mode && shape.bf16_async && sw.groups != 0;
   return plan;
+}
+
+int64_t prefill_compact_rows(int64_t s_q, int64_t topk, int64_t num_slots) {
+  if (s_q <= 0 || topk <= 0 || num_slots <= 0) return 0;
+  return std::min(num_slots, s_q * topk);  // s_q < 2^31, topk <= 2^24: no overflow
+}
+
+bool prefill_dequantizes_once(const PrefillFromCacheShape& shape, int forced) {
+  const int64_t rows = prefill_compact_rows(shape.s_q, shape.topk, shape.num_slots);
+  if (!shape.quantised || !shape.workspace_fits || rows == 0 || forced == 0) return false;
+  if (forced == 1) return true;
+  // The direct path decodes a named key once per query token and 64-head block that gathers it;
+  // the compacting one once, plus ~70 µs of marking, scanning and remapping at s_q 4096 (its
+  // costing in sparse_prefill/NOTES.md). Taken where the direct path would decode each row 8
+  // times or more on average.
+  const int64_t m_blocks = (shape.h_q + 63) / 64;
+  const double decodes = static_cast<double>(shape.s_q) * shape.topk * m_blocks;
+  return decodes >= 8.0 * static_cast<double>(rows);
 }
 
 }  // namespace openmla::core

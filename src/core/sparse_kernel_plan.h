@@ -6,6 +6,8 @@
 // faster than the alternatives on an H100 (the NOTES.md of sparse_decode and sparse_prefill).
 #pragma once
 
+#include <cstdint>
+
 namespace openmla::core {
 
 // The token fill's quantised formats (the kernel builds its fill once per format).
@@ -56,5 +58,19 @@ struct SparseKernelPlan {
 
 SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
                                     const SparseKernelSwitches& switches);
+
+// Sparse prefill straight from a paged cache: whether to dequantise each slot the indices name
+// once into compact bf16 rows and run the bf16 prefill on them, rather than decode every key in
+// each query token's CTAs (each CTA of a 64-head block decodes its own copy).
+struct PrefillFromCacheShape {
+  int64_t s_q = 0, topk = 0, h_q = 0;
+  int64_t num_slots = 0;      // the cache's slots
+  bool quantised = false;     // fp8_v32, fp8_model1, fp8_mx or fp4 (bf16 rows need no decode)
+  bool workspace_fits = false;  // the caller's workspace holds the rows (workspace size overload)
+};
+// The rows the compacting path reserves: one a distinct slot at most.
+int64_t prefill_compact_rows(int64_t s_q, int64_t topk, int64_t num_slots);
+// `forced`: OPENMLA_PREFILL_DEQUANT_ONCE (-1 unset, 0 off, 1 on wherever the workspace fits).
+bool prefill_dequantizes_once(const PrefillFromCacheShape& shape, int forced);
 
 }  // namespace openmla::core

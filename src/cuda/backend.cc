@@ -126,6 +126,23 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
   });
 }
 
+size_t sparse_prefill_cache_workspace_size(int device_index, int s_q, int h_q, int d_v,
+                                           int64_t topk, const KVCache& kv_cache) {
+  return sm90::sparse_prefill_cache_workspace_size(device_index, s_q, h_q, d_v, topk, kv_cache);
+}
+
+bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
+                                     const core::SparsePrefillShape& shape) {
+  return sm90::sparse_prefill_dequantizes_once(args, shape);
+}
+
+Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
+                                   const core::SparsePrefillShape& shape, Stream stream) {
+  return on_sm90("sparse_prefill", shape.device, [&] {
+    return sm90::sparse_prefill_dequant_once(args, shape, static_cast<cudaStream_t>(stream));
+  });
+}
+
 Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,
                               Stream stream) {
   constexpr const char* kOp = "merge_attention_states";

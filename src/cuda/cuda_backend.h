@@ -18,6 +18,14 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
 size_t sparse_prefill_workspace_size(int device_index, int s_q, int h_q, int d_v);
 Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
                       Stream stream);
+// Sparse prefill from a quantised cache with each named slot dequantised once: its workspace,
+// whether a call takes it (else src/api runs the direct path, sparse decode), and the call.
+size_t sparse_prefill_cache_workspace_size(int device_index, int s_q, int h_q, int d_v,
+                                           int64_t topk, const KVCache& kv_cache);
+bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
+                                     const core::SparsePrefillShape& shape);
+Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
+                                   const core::SparsePrefillShape& shape, Stream stream);
 Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,
                               Stream stream);
 Status kv_cache_write(const KVCacheWriteArgs& args, const core::KVCacheWriteShape& shape,

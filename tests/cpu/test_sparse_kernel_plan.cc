@@ -255,5 +255,38 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);
 }
 
+// Sparse prefill from a cache: dequantise once where the direct path decodes each row 8+ times.
+TEST(PrefillFromCachePlan, DequantisesOnceWhereKeysRepeat) {
+  PrefillFromCacheShape s;
+  s.s_q = 4096;
+  s.topk = 2048;
+  s.h_q = 64;
+  s.num_slots = 32768;
+  s.quantised = true;
+  s.workspace_fits = true;
+  EXPECT_EQ(prefill_compact_rows(s.s_q, s.topk, s.num_slots), 32768);
+  EXPECT_TRUE(prefill_dequantizes_once(s, -1));   // 256 decodes a row
+  EXPECT_FALSE(prefill_dequantizes_once(s, 0));   // forced off
+  PrefillFromCacheShape few = s;                  // decode-like: 2 tokens, each row once
+  few.s_q = 2;
+  EXPECT_EQ(prefill_compact_rows(few.s_q, few.topk, few.num_slots), 4096);
+  EXPECT_FALSE(prefill_dequantizes_once(few, -1));
+  EXPECT_TRUE(prefill_dequantizes_once(few, 1));  // forced on
+  PrefillFromCacheShape two_blocks = s;           // 3 tokens x 2 m-blocks: 6 decodes a row
+  two_blocks.s_q = 3;
+  two_blocks.h_q = 128;
+  EXPECT_FALSE(prefill_dequantizes_once(two_blocks, -1));
+  two_blocks.num_slots = 768;  // 3 x 2048 x 2 / 768 = 16 decodes a slot
+  EXPECT_TRUE(prefill_dequantizes_once(two_blocks, -1));
+  for (auto off : {&PrefillFromCacheShape::quantised, &PrefillFromCacheShape::workspace_fits}) {
+    PrefillFromCacheShape t = s;
+    t.*off = false;
+    EXPECT_FALSE(prefill_dequantizes_once(t, -1));
+    EXPECT_FALSE(prefill_dequantizes_once(t, 1));  // never without room, never for bf16 rows
+  }
+  EXPECT_EQ(prefill_compact_rows(0, 2048, 100), 0);
+  EXPECT_EQ(prefill_compact_rows(5, 2048, 0), 0);
+}
+
 }  // namespace
 }  // namespace openmla::core

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -27,14 +28,19 @@ struct PrefillCase {
   bool topk_length = false;
   int sink = 0;  // 0 none, 1 finite, 2 finite/+inf/-inf by head
   std::optional<CacheSpec> cache;  // the kv_cache variant (then s_kv, h_kv, d_qk from it)
+  bool all_invalid = false;     // every index -1 or past the end (every query lonely)
+  bool base_workspace = false;  // with a cache: only the (s_q, h_q, d_v) workspace size
   uint64_t seed = 1;
   std::string name() const {
     return "s_q " + std::to_string(s_q) + " h_q " + std::to_string(h_q) + " h_kv " +
            std::to_string(h_kv) + " d " + std::to_string(d_qk) + " s_kv " + std::to_string(s_kv) +
            " topk " + std::to_string(topk) + (topk_length ? " +len" : "") +
            (sink ? " +sink" : "") +
-           (cache ? std::string(" cache ") + kv_format_name(cache->format) : "") + " seed " +
-           std::to_string(seed);
+           (cache ? std::string(" cache ") + kv_format_name(cache->format) +
+                        (cache->interleaved ? " interleaved" : "")
+                  : "") +
+           (all_invalid ? " all invalid" : "") + (base_workspace ? " base workspace" : "") +
+           " seed " + std::to_string(seed);
   }
 };
 
@@ -68,7 +74,9 @@ struct PrefillProblem {
         for (int64_t e = 0; e < c.topk; ++e) {
           const double u = rng.uniform(0, 1);
           int64_t v;
-          if (u < 0.08) {
+          if (c.all_invalid) {
+            v = u < 0.5 ? -1 : num_keys + rng.randint(0, 100);
+          } else if (u < 0.08) {
             v = -1;
           } else if (u < 0.12) {
             v = num_keys + rng.randint(0, 100);  // at or past the end
@@ -139,8 +147,14 @@ struct PrefillProblem {
     gpu.out = d_out.view;
     gpu.max_logits = d_max.view;
     gpu.lse = d_lse.view;
-    const size_t ws = sparse_prefill_workspace_size(Device::cuda(0), static_cast<int>(c.s_q),
-                                                    static_cast<int>(c.h_q), 512);
+    // With a quantised cache the larger size lets the call dequantise each named slot once
+    // (where the plan or OPENMLA_PREFILL_DEQUANT_ONCE takes it).
+    const size_t ws =
+        cache && !c.base_workspace
+            ? sparse_prefill_workspace_size(Device::cuda(0), static_cast<int>(c.s_q),
+                                            static_cast<int>(c.h_q), 512, c.topk, cache->gpu)
+            : sparse_prefill_workspace_size(Device::cuda(0), static_cast<int>(c.s_q),
+                                            static_cast<int>(c.h_q), 512);
     workspace = DeviceBuffer(ws);
     gpu.workspace = {workspace.data(), ws};
   }
@@ -239,6 +253,70 @@ TEST(SparsePrefill, StraightFromEveryCacheFormat) {
       check(c);
     }
   }
+}
+
+// Each named slot dequantised once (OPENMLA_PREFILL_DEQUANT_ONCE=1) and the direct path (=0) on
+// every quantised format and layout, against the CPU backend: lengths, sinks, both head blocks,
+// a cache far larger than the slots named, every index invalid, and a workspace too small for
+// the compact rows (the call then takes the direct path whatever the switch says).
+class PrefillDequantOnce : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { setenv("OPENMLA_PREFILL_DEQUANT_ONCE", GetParam(), 1); }
+  void TearDown() override { unsetenv("OPENMLA_PREFILL_DEQUANT_ONCE"); }
+};
+
+TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
+  uint64_t seed = 600;
+  const KVFormat formats[] = {KVFormat::kFP8_V32, KVFormat::kFP8_Model1, KVFormat::kFP8_MX,
+                              KVFormat::kFP4};
+  for (KVFormat f : formats) {
+    for (int variant = 0; variant < 4; ++variant) {
+      PrefillCase c;
+      CacheSpec s;
+      s.format = f;
+      s.interleaved = variant == 1;
+      s.page = variant == 2 ? 16 : 64;
+      s.num_blocks = variant == 2 ? 300 : 20;  // variant 2: 4800 slots, few of them named
+      c.cache = s;
+      c.h_q = variant % 2 == 0 ? 64 : 128;
+      c.s_q = variant == 3 ? 4 : 9;
+      c.topk = variant == 2 ? 100 : 200;
+      c.topk_length = variant == 1;
+      c.sink = variant == 0 ? 2 : 0;
+      c.all_invalid = variant == 3;
+      c.seed = seed++;
+      check(c);
+    }
+    PrefillCase small_ws;
+    CacheSpec s;
+    s.format = f;
+    small_ws.cache = s;
+    small_ws.s_q = 5;
+    small_ws.topk = 128;
+    small_ws.base_workspace = true;
+    small_ws.seed = seed++;
+    check(small_ws);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SparsePrefill, PrefillDequantOnce, ::testing::Values("1", "0"));
+
+TEST(SparsePrefillSmall, DequantOnceSanitizer) {
+  setenv("OPENMLA_PREFILL_DEQUANT_ONCE", "1", 1);
+  PrefillCase c;
+  CacheSpec s;
+  s.format = KVFormat::kFP8_V32;
+  s.page = 16;
+  s.num_blocks = 5;
+  c.cache = s;
+  c.s_q = 3;
+  c.h_q = 16;
+  c.topk = 90;
+  c.topk_length = true;
+  c.sink = 1;
+  c.seed = 700;
+  check(c);
+  unsetenv("OPENMLA_PREFILL_DEQUANT_ONCE");
 }
 
 TEST(SparsePrefillSmall, Sanitizer) {

@@ -377,6 +377,36 @@ def test_sparse_prefill(h_q, d_qk, topk):
     assert_lse_close(max_logits, cpu[1])
 
 
+@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_model1", "fp4"])
+@pytest.mark.parametrize("dequantize_once", [None, True, False])
+def test_sparse_prefill_from_cache(fmt, dequantize_once):
+    """Prefill straight from a quantised cache, each named slot dequantised once (the default at
+    this shape: 64 tokens x 512 indices over 2048 slots) or decoded where gathered, against the
+    float reference on the dequantised slots; unused slots hold NaN."""
+    cache, flat, used = fill_cache(fmt, 32, 64, seed=40)
+    d_qk = flat.shape[1]
+    s_q, h_q, topk = 64, 128, 512
+    q = randn(s_q, h_q, d_qk, seed=41)
+    g = torch.Generator().manual_seed(42)
+    pick = torch.randint(0, used.numel(), (s_q, 1, topk), generator=g)
+    indices = used[pick]
+    indices[:, :, ::7] = -1
+    indices[5] = flat.shape[0]  # past the end: a lonely query
+    indices = indices.to(DEVICE)
+    topk_length = torch.randint(0, topk + 1, (s_q,), generator=g).to(torch.int32).to(DEVICE)
+    sink = randn(h_q, seed=43, dtype=torch.float32)
+    result = on_device(lambda: openmla.sparse_prefill_from_cache(
+        q, cache, indices, attn_sink=sink, topk_length=topk_length,
+        dequantize_once=dequantize_once), "sparse_prefill_from_cache")
+    if result is None:
+        return
+    out, max_logits, lse = result
+    ref_out, ref_lse = ref_sparse(q.unsqueeze(1), flat, indices, topk_length, sink=sink)
+    assert rel_err(out, ref_out[:, 0]) < OUT_RTOL
+    assert_lse_close(lse, ref_lse[:, :, 0])
+    assert torch.isposinf(lse[5]).all() and torch.isneginf(max_logits[5]).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_merge_attention_states(dtype):
     n, tokens, heads = 4, 33, 128

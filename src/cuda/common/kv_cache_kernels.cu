@@ -188,13 +188,16 @@ struct GatherParams {
   int64_t out_row_bytes;
   int64_t num_tokens;
   bool slots_fit_32;
+  const int32_t* live_count;  // optional: on the device, the rows to write (at most num_tokens)
 };
 
 template <Codec Src, Codec Dst, int D>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     kv_gather_kernel(const GatherParams p) {
   const int lane = lane_id();
-  for (int64_t i = first_warp(); i < p.num_tokens; i += warp_step()) {
+  const int64_t n =
+      p.live_count ? min(p.num_tokens, static_cast<int64_t>(*p.live_count)) : p.num_tokens;
+  for (int64_t i = first_warp(); i < n; i += warp_step()) {
     const int64_t slot = index_at(p.slots, i);
     const bool valid = slot >= 0 && slot < p.cache.num_slots;  // invalid: a row of zeros
     ConstTokenPtr src{nullptr, nullptr, nullptr};
@@ -496,6 +499,24 @@ Status kv_cache_gather_launch(const KVCacheGatherArgs& args, const core::KVCache
     });
   });
   return launch("kv_cache_gather", kernel, p, shape.num_tokens, stream);
+}
+
+Status kv_cache_gather_listed_launch(const KVCache& cache, int64_t d_qk, const int32_t* slots,
+                                     const int32_t* live_count, int64_t capacity, uint16_t* rows,
+                                     cudaStream_t stream) {
+  GatherParams p{};
+  p.cache = make_view(cache);
+  p.slots = {slots, 1, false};
+  p.out = reinterpret_cast<uint8_t*>(rows);
+  p.out_row_bytes = d_qk * 2;
+  p.num_tokens = capacity;
+  p.slots_fit_32 = p.cache.num_slots <= kMax32;
+  p.live_count = live_count;
+  const Kernel<GatherParams> kernel = with_cache_codec(cache.layout.format, [&](auto src) {
+    return pick<GatherKernelOf, GatherParams>(d_qk, src,
+                                              CodecTag<Codec::kBF16>{});
+  });
+  return launch("kv_cache_gather", kernel, p, capacity, stream);
 }
 
 Status kv_cache_convert_launch(const KVCacheConvertArgs& args,

@@ -22,6 +22,13 @@ Status kv_cache_write_launch(const KVCacheWriteArgs& args, const core::KVCacheWr
                              cudaStream_t stream);
 Status kv_cache_gather_launch(const KVCacheGatherArgs& args, const core::KVCacheWriteShape& shape,
                               cudaStream_t stream);
+// Dequantises `cache`'s slots `slots[0 .. *live_count)` (d_qk dims, as validated) into bf16
+// `rows` [capacity, d_qk] (dense), where `live_count` (device memory) is at most `capacity`: the gather of a list whose
+// length is known only on the device (sparse prefill's compacting gather). Rows past the count
+// are not written.
+Status kv_cache_gather_listed_launch(const KVCache& cache, int64_t d_qk, const int32_t* slots,
+                                     const int32_t* live_count, int64_t capacity, uint16_t* rows,
+                                     cudaStream_t stream);
 Status kv_cache_convert_launch(const KVCacheConvertArgs& args,
                                const core::KVCacheConvertShape& shape, cudaStream_t stream);
 

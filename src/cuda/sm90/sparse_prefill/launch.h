@@ -16,4 +16,15 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
                       cudaStream_t stream);
 size_t sparse_prefill_workspace_size(int device_index, int s_q, int h_q, int d_v);
 
+// From a quantised paged cache (dequant_once.cu): the workspace that lets a call dequantise each
+// slot its indices name once (at least the overload above's), whether this call does so (the
+// plan in core/sparse_kernel_plan.h, the workspace given, OPENMLA_PREFILL_DEQUANT_ONCE), and
+// the call itself.
+size_t sparse_prefill_cache_workspace_size(int device_index, int s_q, int h_q, int d_v,
+                                           int64_t topk, const KVCache& cache);
+bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
+                                     const core::SparsePrefillShape& shape);
+Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
+                                   const core::SparsePrefillShape& shape, cudaStream_t stream);
+
 }  // namespace openmla::cuda::sm90

@@ -1,0 +1,282 @@
+// Sparse prefill from a quantised paged cache with each named slot dequantised once (launch.h).
+// The direct path (sparse decode with the query tokens as its batch) decodes a key in every CTA
+// that gathers it: s_q · topk · m_blocks decodes, 256 a slot at s_q 4096, topk 2048 over 32768
+// slots. Here, all on the stream and with no host sync (CUDA-graph safe):
+//   1. mark the slots the kept indices name in a bitmap (bit slot % 32 of word slot / 32);
+//   2. an exclusive scan of the words' popcounts gives each word's first compact row (CUB), the
+//      scan's last entry the count;
+//   3. list the marked slots in slot order and dequantise them into bf16 rows by the KV-cache
+//      gather kernel, which reads the count on the device;
+//   4. rewrite the indices into row numbers (a slot's rank among the marked ones; -1 for an
+//      invalid index or one past topk_length);
+//   5. the bf16 prefill on those rows.
+// Rows are at most min(slots, s_q · topk), so the workspace is sized by the worst case and no row
+// past the count is ever written or read.
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "core/sparse_kernel_plan.h"
+#include "core/str_cat.h"
+#include "cuda/common/kv_cache_kernels.h"
+#include "cuda/sm90/attention/launch.h"
+#include "cuda/sm90/sparse_prefill/launch.h"
+
+namespace openmla::cuda::sm90 {
+namespace {
+
+using attention::cuda_error;
+
+constexpr int kThreads = 256;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// indices [s_q, 1, topk] (any strides) with the optional topk_length [s_q].
+struct IndexRows {
+  const int32_t* idx;
+  int64_t stride_t, stride_k;
+  const int32_t* len;
+  int64_t len_stride;
+  int64_t s_q, topk, num_slots;
+};
+
+__device__ __forceinline__ int64_t kept(const IndexRows& r, int64_t t) {
+  if (r.len == nullptr) return r.topk;
+  const int64_t l = __ldg(r.len + t * r.len_stride);
+  return l < 0 ? 0 : (l > r.topk ? r.topk : l);  // clamped to [0, topk], as the kernels do
+}
+
+__device__ __forceinline__ int32_t index_at(const IndexRows& r, int64_t t, int64_t k) {
+  return __ldg(r.idx + t * r.stride_t + k * r.stride_k);
+}
+
+// Step 1. Most indices repeat a slot already marked: the L2 read skips their atomic.
+__global__ void __launch_bounds__(kThreads) mark_named_slots(const IndexRows r, uint32_t* bitmap) {
+  for (int64_t t = blockIdx.x; t < r.s_q; t += gridDim.x) {
+    const int64_t len = kept(r, t);
+    for (int64_t k = threadIdx.x; k < len; k += kThreads) {
+      const int32_t slot = index_at(r, t, k);
+      if (slot < 0 || slot >= r.num_slots) continue;  // never a row
+      const uint32_t bit = 1u << (slot & 31);
+      uint32_t* word = bitmap + (slot >> 5);
+      if ((__ldcg(word) & bit) == 0) atomicOr(word, bit);
+    }
+  }
+}
+
+// Step 2's input: counts[w] = popcount(bitmap[w]), counts[words] = 0 (its scan is the total).
+__global__ void __launch_bounds__(kThreads)
+    count_marked(const uint32_t* bitmap, int64_t words, int32_t* counts) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (w < words) counts[w] = __popc(bitmap[w]);
+  if (w == words) counts[w] = 0;
+}
+
+// Step 3's list: slots[first[w] + j] = the j-th marked slot of word w.
+__global__ void __launch_bounds__(kThreads)
+    list_marked(const uint32_t* bitmap, const int32_t* first, int64_t words, int32_t* slots) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (w >= words) return;
+  uint32_t bits = bitmap[w];
+  int32_t at = first[w];
+  while (bits != 0) {
+    slots[at++] = static_cast<int32_t>(w * 32 + (__ffs(bits) - 1));
+    bits &= bits - 1;
+  }
+}
+
+// Step 4: rows[t, k] (contiguous [s_q, topk]).
+__global__ void __launch_bounds__(kThreads) remap_indices(const IndexRows r, const uint32_t* bitmap,
+                                                          const int32_t* first, int32_t* rows) {
+  for (int64_t t = blockIdx.x; t < r.s_q; t += gridDim.x) {
+    const int64_t len = kept(r, t);
+    for (int64_t k = threadIdx.x; k < r.topk; k += kThreads) {
+      int32_t row = -1;
+      if (k < len) {
+        const int32_t slot = index_at(r, t, k);
+        if (slot >= 0 && slot < r.num_slots) {
+          const int32_t w = slot >> 5;
+          row = first[w] + __popc(__ldg(bitmap + w) & ((1u << (slot & 31)) - 1u));
+        }
+      }
+      rows[t * r.topk + k] = row;
+    }
+  }
+}
+
+// The workspace's parts, in bytes from its start (each 256-aligned).
+struct Layout {
+  int64_t rows = 0;   // compact bf16 rows reserved: min(slots, s_q · topk)
+  int64_t words = 0;  // bitmap words
+  size_t row_data = 0, indices = 0, bitmap = 0, counts = 0, first = 0, slots = 0, scan = 0,
+         prefill = 0;
+  size_t scan_bytes = 0, prefill_bytes = 0, total = 0;
+};
+
+Status plan_layout(int device_index, int64_t s_q, int64_t h_q, int64_t d_v, int64_t topk,
+                   const KVCache& cache, Layout* l) {
+  const int64_t d_qk = kv_format_info(cache.layout.format, cache.layout.d_qk).d_qk;
+  l->rows = core::prefill_compact_rows(s_q, topk, cache.num_tokens());
+  l->words = (cache.num_tokens() + 31) / 32;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t here = at;
+    at += align_up(bytes);
+    return here;
+  };
+  l->row_data = take(static_cast<size_t>(l->rows) * d_qk * 2);
+  l->indices = take(static_cast<size_t>(s_q) * topk * 4);
+  l->bitmap = take(static_cast<size_t>(l->words) * 4);
+  l->counts = take(static_cast<size_t>(l->words + 1) * 4);
+  l->first = take(static_cast<size_t>(l->words + 1) * 4);
+  l->slots = take(static_cast<size_t>(l->rows) * 4);
+  size_t scan_bytes = 0;
+  const cudaError_t err = cub::DeviceScan::ExclusiveSum(
+      nullptr, scan_bytes, static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+      static_cast<int>(l->words + 1));
+  if (err != cudaSuccess) {
+    return cuda_error("sparse_prefill", "cub::DeviceScan::ExclusiveSum (size)", err);
+  }
+  l->scan_bytes = scan_bytes;
+  l->scan = take(scan_bytes);
+  l->prefill_bytes = sparse_prefill_workspace_size(device_index, static_cast<int>(s_q),
+                                                   static_cast<int>(h_q), static_cast<int>(d_v));
+  l->prefill = take(l->prefill_bytes);
+  l->total = at;
+  return Status::Ok();
+}
+
+bool quantised(KVFormat f) {
+  return f == KVFormat::kFP8_V32 || f == KVFormat::kFP8_Model1 || f == KVFormat::kFP8_MX ||
+         f == KVFormat::kFP4;
+}
+
+// OPENMLA_PREFILL_DEQUANT_ONCE: 0 or 1 (read at every call), else -1 (the plan decides).
+int dequant_once_switch() {
+  const char* v = std::getenv("OPENMLA_PREFILL_DEQUANT_ONCE");
+  if (v == nullptr || v[0] < '0' || v[0] > '1' || v[1] != '\0') return -1;
+  return v[0] - '0';
+}
+
+unsigned grid_for(int64_t n, int64_t cap) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(n, cap)));
+}
+
+}  // namespace
+
+size_t sparse_prefill_cache_workspace_size(int device_index, int s_q, int h_q, int d_v,
+                                           int64_t topk, const KVCache& cache) {
+  const size_t base = sparse_prefill_workspace_size(device_index, s_q, h_q, d_v);
+  if (!quantised(cache.layout.format) || s_q <= 0 || topk <= 0 || cache.num_tokens() <= 0) {
+    return base;
+  }
+  Layout l;
+  if (!plan_layout(device_index, s_q, h_q, d_v, topk, cache, &l).ok()) return base;
+  return std::max(base, l.total);
+}
+
+bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
+                                     const core::SparsePrefillShape& shape) {
+  const KVCache& cache = args.kv_cache;
+  if (!cache.defined() || !quantised(cache.layout.format) || shape.d_v != 512) return false;
+  core::PrefillFromCacheShape s;
+  s.s_q = shape.s_q;
+  s.topk = shape.topk;
+  s.h_q = shape.h_q;
+  s.num_slots = cache.num_tokens();
+  s.quantised = true;
+  s.workspace_fits = args.workspace.bytes >=
+                     sparse_prefill_cache_workspace_size(shape.device.index,
+                                                         static_cast<int>(shape.s_q),
+                                                         static_cast<int>(shape.h_q),
+                                                         static_cast<int>(shape.d_v), shape.topk,
+                                                         cache);
+  // The compact rows' count and slot numbers are int32 (indices are).
+  if (s.num_slots > INT32_MAX) return false;
+  return core::prefill_dequantizes_once(s, dequant_once_switch());
+}
+
+Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
+                                   const core::SparsePrefillShape& shape, cudaStream_t stream) {
+  constexpr const char* kOp = "sparse_prefill";
+  const KVCache& cache = args.kv_cache;
+  Layout l;
+  OPENMLA_RETURN_IF_ERROR(plan_layout(shape.device.index, shape.s_q, shape.h_q, shape.d_v,
+                                      shape.topk, cache, &l));
+  if (args.workspace.bytes < l.total) {
+    return Status::InvalidArgument(core::str_cat(
+        kOp, ": workspace: ", args.workspace.bytes, " bytes; dequantising each named slot once needs ",
+        l.total, " (sparse_prefill_workspace_size with topk and kv_cache)"));
+  }
+  char* ws = static_cast<char*>(args.workspace.data);
+  auto* row_data = reinterpret_cast<uint16_t*>(ws + l.row_data);
+  auto* row_indices = reinterpret_cast<int32_t*>(ws + l.indices);
+  auto* bitmap = reinterpret_cast<uint32_t*>(ws + l.bitmap);
+  auto* counts = reinterpret_cast<int32_t*>(ws + l.counts);
+  auto* first = reinterpret_cast<int32_t*>(ws + l.first);
+  auto* slots = reinterpret_cast<int32_t*>(ws + l.slots);
+
+  IndexRows r;
+  r.idx = args.indices.data_as<const int32_t>();
+  r.stride_t = args.indices.strides[0];
+  r.stride_k = args.indices.strides[2];
+  r.len = args.topk_length.defined() ? args.topk_length.data_as<const int32_t>() : nullptr;
+  r.len_stride = args.topk_length.defined() ? args.topk_length.strides[0] : 0;
+  r.s_q = shape.s_q;
+  r.topk = shape.topk;
+  r.num_slots = cache.num_tokens();
+
+  const int64_t word_blocks = (l.words + 1 + kThreads - 1) / kThreads;
+  const unsigned token_blocks = grid_for(shape.s_q, 8192);
+  OPENMLA_RETURN_IF_ERROR(cuda_error(
+      kOp, "cudaMemsetAsync", cudaMemsetAsync(bitmap, 0, static_cast<size_t>(l.words) * 4, stream)));
+  mark_named_slots<<<token_blocks, kThreads, 0, stream>>>(r, bitmap);
+  count_marked<<<grid_for(word_blocks, INT32_MAX), kThreads, 0, stream>>>(bitmap, l.words, counts);
+  size_t scan_bytes = l.scan_bytes;
+  OPENMLA_RETURN_IF_ERROR(cuda_error(
+      kOp, "cub::DeviceScan::ExclusiveSum",
+      cub::DeviceScan::ExclusiveSum(ws + l.scan, scan_bytes, counts, first,
+                                    static_cast<int>(l.words + 1), stream)));
+  list_marked<<<grid_for(word_blocks, INT32_MAX), kThreads, 0, stream>>>(bitmap, first, l.words,
+                                                                          slots);
+  remap_indices<<<token_blocks, kThreads, 0, stream>>>(r, bitmap, first, row_indices);
+  OPENMLA_RETURN_IF_ERROR(cuda_error(kOp, "kernel launch", cudaGetLastError()));
+  // first[words] is the count of marked slots, on the device.
+  OPENMLA_RETURN_IF_ERROR(kv_cache_gather_listed_launch(cache, shape.d_qk, slots, first + l.words,
+                                                        l.rows, row_data, stream));
+
+  // The bf16 prefill over the rows: kv [rows, 1, d_qk], indices [s_q, 1, topk] contiguous.
+  const int64_t d_qk = shape.d_qk;
+  SparsePrefillArgs b = args;
+  b.kv_cache = KVCache{};
+  b.kv.data = row_data;
+  b.kv.dtype = DType::kBF16;
+  b.kv.rank = 3;
+  b.kv.shape[0] = l.rows;
+  b.kv.shape[1] = 1;
+  b.kv.shape[2] = d_qk;
+  b.kv.strides[0] = d_qk;
+  b.kv.strides[1] = d_qk;
+  b.kv.strides[2] = 1;
+  b.kv.device = shape.device;
+  b.indices.data = row_indices;
+  b.indices.dtype = DType::kInt32;
+  b.indices.rank = 3;
+  b.indices.shape[0] = shape.s_q;
+  b.indices.shape[1] = 1;
+  b.indices.shape[2] = shape.topk;
+  b.indices.strides[0] = shape.topk;
+  b.indices.strides[1] = shape.topk;
+  b.indices.strides[2] = 1;
+  b.indices.device = shape.device;
+  b.workspace = {ws + l.prefill, l.prefill_bytes};
+  core::SparsePrefillShape bs = shape;
+  bs.s_kv = l.rows;
+  bs.h_kv = 1;
+  return sparse_prefill(b, bs, stream);
+}
+
+}  // namespace openmla::cuda::sm90
