@@ -257,8 +257,9 @@ TEST(SparsePrefill, StraightFromEveryCacheFormat) {
 
 // Each named slot dequantised once (OPENMLA_PREFILL_DEQUANT_ONCE=1) and the direct path (=0) on
 // every quantised format and layout, against the CPU backend: lengths, sinks, both head blocks,
-// a cache far larger than the slots named, every index invalid, and a workspace too small for
-// the compact rows (the call then takes the direct path whatever the switch says).
+// a cache far larger than the slots named (and one whose marked words outnumber the marking's
+// cache entries), every index invalid, and a workspace too small for the compact rows (the call
+// then takes the direct path whatever the switch says).
 class PrefillDequantOnce : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { setenv("OPENMLA_PREFILL_DEQUANT_ONCE", GetParam(), 1); }
@@ -286,6 +287,18 @@ TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
       c.all_invalid = variant == 3;
       c.seed = seed++;
       check(c);
+    }
+    if (f == KVFormat::kFP4) {
+      // 4200 bitmap words: the marking's shared-memory cache (4096 entries) evicts words.
+      PrefillCase wide;
+      CacheSpec s;
+      s.format = f;
+      s.num_blocks = 2100;
+      wide.cache = s;
+      wide.s_q = 3;
+      wide.topk = 2000;
+      wide.seed = seed++;
+      check(wide);
     }
     PrefillCase small_ws;
     CacheSpec s;
