@@ -31,12 +31,7 @@ bool env_is(const char* name, const char* value) {
 }
 bool bf16_cp_async() { return !env_is("OPENMLA_SPARSE_BF16_CP_ASYNC", "0"); }
 
-// An A/B switch of the sparse kernel's form (read at every launch): 0 or 1, else -1 (unset).
-int env_switch(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] < '0' || v[0] > '1' || v[1] != '\0') return -1;
-  return v[0] - '0';
-}
+using attention::env_switch;
 core::SparseKernelSwitches env_switches() {
   core::SparseKernelSwitches sw;
   sw.stagger = env_switch("OPENMLA_SPARSE_STAGGER");

@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "core/sparse_kernel_plan.h"
 #include "core/str_cat.h"
@@ -203,13 +202,6 @@ bool quantised(KVFormat f) {
          f == KVFormat::kFP4;
 }
 
-// OPENMLA_PREFILL_DEQUANT_ONCE: 0 or 1 (read at every call), else -1 (the plan decides).
-int dequant_once_switch() {
-  const char* v = std::getenv("OPENMLA_PREFILL_DEQUANT_ONCE");
-  if (v == nullptr || v[0] < '0' || v[0] > '1' || v[1] != '\0') return -1;
-  return v[0] - '0';
-}
-
 unsigned grid_for(int64_t n, int64_t cap) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(n, cap)));
 }
@@ -245,7 +237,7 @@ bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
                                                          cache);
   // The compact rows' count and slot numbers are int32 (indices are).
   if (s.num_slots > INT32_MAX) return false;
-  return core::prefill_dequantizes_once(s, dequant_once_switch());
+  return core::prefill_dequantizes_once(s, attention::env_switch("OPENMLA_PREFILL_DEQUANT_ONCE"));
 }
 
 Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
