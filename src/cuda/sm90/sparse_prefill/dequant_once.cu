@@ -53,65 +53,41 @@ __device__ __forceinline__ int32_t index_at(const IndexRows& r, int64_t t, int64
 }
 
 // Step 1. Most indices repeat a slot already marked, and the marked slots' words are few (1024
-// for 32768 slots: 32 lines of L2), so an atomic an index would queue on a few L2 lines. A block
-// ORs its indices' bits into a direct-mapped write-back cache in shared memory instead (entry =
-// word << 32 | the bits this block has seen; ~0: empty), updated by compare-and-swap: an entry
-// taken by another word is flushed into the bitmap by the thread that evicts it, and every entry
-// is flushed at the end, so each bit reaches the bitmap. One block an SM of 1024 threads, each
-// with kMarkLoads index loads in flight, sends about one atomic a word a block.
-// (An earlier form, a read-only filter of the bits known set and four blocks of 256 an SM,
-// took 81 µs for 8.4 M indices on an H100, sparse_prefill/NOTES.md.)
+// for 32768 slots: 32 lines of L2), so every index's atomic, or its read of the word from L2,
+// would queue on a few L2 lines (sparse_prefill/NOTES.md has the measurement). A block keeps a
+// direct-mapped filter in shared memory of the words it has marked: entry = word << 32 | bits
+// that atomicOr returned set (a subset of the word's bits in memory, whichever thread stored it
+// last, as a 64-bit store is whole), and skips an index whose bit the entry holds. Four blocks
+// an SM walk the tokens (kMarkBlocksPerSm), so each sends about one atomic a word it touches;
+// a thread loads kMarkLoads indices before marking any, to keep enough reads in flight.
 constexpr int kFilterEntries = 4096;  // 32 KB
-constexpr int kMarkThreads = 1024;
+constexpr int kMarkBlocksPerSm = 4;
 constexpr int kMarkLoads = 4;
-__device__ __forceinline__ void mark_slot(unsigned long long* cache, uint32_t* bitmap,
-                                          uint32_t w, uint32_t bit) {
-  unsigned long long* entry = cache + (w & (kFilterEntries - 1));
-  unsigned long long e = *entry;
-  for (;;) {
-    if (static_cast<uint32_t>(e >> 32) == w) {
-      if ((e & bit) != 0) return;  // this block holds it already
-      const unsigned long long seen = atomicCAS(entry, e, e | bit);
-      if (seen == e) return;
-      e = seen;
-      continue;
-    }
-    const unsigned long long seen =
-        atomicCAS(entry, e, static_cast<unsigned long long>(w) << 32 | bit);
-    if (seen == e) {
-      if (e != ~0ull) atomicOr(bitmap + (e >> 32), static_cast<uint32_t>(e));  // evicted
-      return;
-    }
-    e = seen;
-  }
-}
-
-__global__ void __launch_bounds__(kMarkThreads) mark_named_slots(const IndexRows r,
-                                                                 uint32_t* bitmap) {
-  __shared__ unsigned long long cache[kFilterEntries];
-  for (int i = threadIdx.x; i < kFilterEntries; i += kMarkThreads) cache[i] = ~0ull;
+__global__ void __launch_bounds__(kThreads) mark_named_slots(const IndexRows r, uint32_t* bitmap) {
+  __shared__ unsigned long long filter[kFilterEntries];
+  for (int i = threadIdx.x; i < kFilterEntries; i += kThreads) filter[i] = ~0ull;  // no word
   __syncthreads();
   for (int64_t t = blockIdx.x; t < r.s_q; t += gridDim.x) {
     const int64_t len = kept(r, t);
-    for (int64_t k0 = threadIdx.x; k0 < len; k0 += kMarkLoads * kMarkThreads) {
+    for (int64_t k0 = threadIdx.x; k0 < len; k0 += kMarkLoads * kThreads) {
       int32_t slots[kMarkLoads];
 #pragma unroll
       for (int j = 0; j < kMarkLoads; ++j) {
-        const int64_t k = k0 + j * kMarkThreads;
+        const int64_t k = k0 + j * kThreads;
         slots[j] = k < len ? index_at(r, t, k) : -1;
       }
 #pragma unroll
       for (int j = 0; j < kMarkLoads; ++j) {
         const int32_t slot = slots[j];
         if (slot < 0 || slot >= r.num_slots) continue;  // never a row
-        mark_slot(cache, bitmap, static_cast<uint32_t>(slot) >> 5, 1u << (slot & 31));
+        const uint32_t w = static_cast<uint32_t>(slot) >> 5, bit = 1u << (slot & 31);
+        unsigned long long* entry = filter + (w & (kFilterEntries - 1));
+        const unsigned long long e = *entry;
+        if ((e >> 32) == w && (e & bit) != 0) continue;
+        const uint32_t set = atomicOr(bitmap + w, bit) | bit;
+        *entry = static_cast<unsigned long long>(w) << 32 | set;
       }
     }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kFilterEntries; i += kMarkThreads) {
-    const unsigned long long e = cache[i];
-    if (e != ~0ull) atomicOr(bitmap + (e >> 32), static_cast<uint32_t>(e));
   }
 }
 
@@ -274,10 +250,11 @@ Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
   const unsigned token_blocks = grid_for(shape.s_q, 8192);
   attention::DeviceFacts facts;
   OPENMLA_RETURN_IF_ERROR(attention::device_facts(kOp, shape.device.index, &facts));
-  const unsigned mark_blocks = grid_for(shape.s_q, facts.num_sms);
+  const unsigned mark_blocks =
+      grid_for(shape.s_q, kMarkBlocksPerSm * static_cast<int64_t>(facts.num_sms));
   OPENMLA_RETURN_IF_ERROR(cuda_error(
       kOp, "cudaMemsetAsync", cudaMemsetAsync(bitmap, 0, static_cast<size_t>(l.words) * 4, stream)));
-  mark_named_slots<<<mark_blocks, kMarkThreads, 0, stream>>>(r, bitmap);
+  mark_named_slots<<<mark_blocks, kThreads, 0, stream>>>(r, bitmap);
   count_marked<<<grid_for(word_blocks, INT32_MAX), kThreads, 0, stream>>>(bitmap, l.words, counts);
   size_t scan_bytes = l.scan_bytes;
   OPENMLA_RETURN_IF_ERROR(cuda_error(
