@@ -257,9 +257,9 @@ TEST(SparsePrefill, StraightFromEveryCacheFormat) {
 
 // Each named slot dequantised once (OPENMLA_PREFILL_DEQUANT_ONCE=1) and the direct path (=0) on
 // every quantised format and layout, against the CPU backend: lengths, sinks, both head blocks,
-// a cache far larger than the slots named (and one whose marked words outnumber the marking's
-// cache entries), every index invalid, and a workspace too small for the compact rows (the call
-// then takes the direct path whatever the switch says).
+// a cache far larger than the slots named (and one with more marked words than the marking's
+// filter has entries), every index invalid, and a workspace too small for the compact rows (the
+// call then takes the direct path whatever the switch says).
 class PrefillDequantOnce : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { setenv("OPENMLA_PREFILL_DEQUANT_ONCE", GetParam(), 1); }
@@ -289,7 +289,7 @@ TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
       check(c);
     }
     if (f == KVFormat::kFP4) {
-      // 4200 bitmap words: the marking's shared-memory cache (4096 entries) evicts words.
+      // 4200 bitmap words: words 4096 apart share an entry of the marking's filter (4096).
       PrefillCase wide;
       CacheSpec s;
       s.format = f;
