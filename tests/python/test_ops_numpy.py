@@ -156,8 +156,10 @@ def test_sparse_prefill():
 
 
 @pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_model1", "fp8_mx", "fp4", "bf16"])
-def test_sparse_prefill_from_cache(fmt):
-    """Prefill straight from a paged cache equals the float64 oracle on the dequantised slots."""
+@pytest.mark.parametrize("dequantize_once", [None, False, True])
+def test_sparse_prefill_from_cache(fmt, dequantize_once):
+    """Prefill straight from a paged cache equals the float64 oracle on the dequantised slots
+    (dequantize_once only sizes the GPU's workspace: the same operation either way)."""
     num_blocks, page, s_q, h_q, topk = 5, 16, 4, 8, 24
     cache, flat = make_cache(fmt, num_blocks, page, seed=11)
     d_qk = flat.shape[1]
@@ -168,7 +170,8 @@ def test_sparse_prefill_from_cache(fmt):
     topk_length = np.array([24, 5, 24, 0], np.int32)
     sink = np.linspace(-1, 2, h_q).astype(np.float32)
     out, max_logits, lse = openmla.sparse_prefill_from_cache(q, cache, indices, attn_sink=sink,
-                                                             topk_length=topk_length)
+                                                             topk_length=topk_length,
+                                                             dequantize_once=dequantize_once)
     r_out, r_max, r_lse = ref.sparse_prefill(q.astype(np.float64), flat[:, None, :], indices,
                                              topk_length, sink)
     assert ref.rel_err(out, r_out) < OUT_RTOL
