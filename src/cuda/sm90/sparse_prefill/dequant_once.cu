@@ -29,9 +29,6 @@ namespace {
 using attention::cuda_error;
 
 constexpr int kThreads = 256;
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // indices [s_q, 1, topk] (any strides) with the optional topk_length [s_q].
 struct IndexRows {
@@ -131,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) remap_indices(const IndexRows r, con
   }
 }
 
-// The workspace's parts, in bytes from its start (each 256-aligned).
+// The workspace's parts, in bytes from its start (each 256-aligned: attention::WorkspaceCarver).
 struct Layout {
   int64_t rows = 0;   // compact bf16 rows reserved: min(slots, s_q · topk)
   int64_t words = 0;  // bitmap words
@@ -145,12 +142,8 @@ Status plan_layout(int device_index, int64_t s_q, int64_t h_q, int64_t d_v, int6
   const int64_t d_qk = kv_format_info(cache.layout.format, cache.layout.d_qk).d_qk;
   l->rows = core::prefill_compact_rows(s_q, topk, cache.num_tokens());
   l->words = (cache.num_tokens() + 31) / 32;
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    const size_t here = at;
-    at += align_up(bytes);
-    return here;
-  };
+  attention::WorkspaceCarver carve;
+  auto take = [&](size_t bytes) { return carve.take(bytes); };
   l->row_data = take(static_cast<size_t>(l->rows) * d_qk * 2);
   l->indices = take(static_cast<size_t>(s_q) * topk * 4);
   l->bitmap = take(static_cast<size_t>(l->words) * 4);
@@ -169,7 +162,7 @@ Status plan_layout(int device_index, int64_t s_q, int64_t h_q, int64_t d_v, int6
   l->prefill_bytes = sparse_prefill_workspace_size(device_index, static_cast<int>(s_q),
                                                    static_cast<int>(h_q), static_cast<int>(d_v));
   l->prefill = take(l->prefill_bytes);
-  l->total = at;
+  l->total = carve.total;
   return Status::Ok();
 }
 
@@ -205,7 +198,10 @@ bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
   s.h_q = shape.h_q;
   s.num_slots = cache.num_tokens();
   s.quantised = true;
-  s.workspace_fits = args.workspace.bytes >=
+  // (the rows are read by 16-byte copies: a misaligned workspace takes the direct path)
+  s.workspace_fits = args.workspace.data != nullptr &&
+                     reinterpret_cast<uintptr_t>(args.workspace.data) % 16 == 0 &&
+                     args.workspace.bytes >=
                      sparse_prefill_cache_workspace_size(shape.device.index,
                                                          static_cast<int>(shape.s_q),
                                                          static_cast<int>(shape.h_q),
@@ -223,10 +219,12 @@ Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
   Layout l;
   OPENMLA_RETURN_IF_ERROR(plan_layout(shape.device.index, shape.s_q, shape.h_q, shape.d_v,
                                       shape.topk, cache, &l));
-  if (args.workspace.bytes < l.total) {
+  if (args.workspace.bytes < l.total || args.workspace.data == nullptr ||
+      reinterpret_cast<uintptr_t>(args.workspace.data) % 16 != 0) {
     return Status::InvalidArgument(core::str_cat(
-        kOp, ": workspace: ", args.workspace.bytes, " bytes; dequantising each named slot once needs ",
-        l.total, " (sparse_prefill_workspace_size with topk and kv_cache)"));
+        kOp, ": workspace: dequantising each named slot once needs ", l.total,
+        " bytes on 16 (sparse_prefill_workspace_size with topk and kv_cache), got ",
+        args.workspace.bytes, " bytes at ", args.workspace.data));
   }
   char* ws = static_cast<char*>(args.workspace.data);
   auto* row_data = reinterpret_cast<uint16_t*>(ws + l.row_data);
