@@ -25,7 +25,7 @@ __all__ = [
     "kv_cache_write", "kv_cache_gather", "kv_cache_convert", "quantize", "dequantize",
     "new_kv_cache", "plan_decode_schedule", "decode_num_sm_parts", "kv_format_info", "kv_layout",
     "describe_kv_cache", "cache_d_qk", "infer_kv_format", "KV_FORMATS", "cuda_backend_available",
-    "decode_workspace", "decode_workspace_size",
+    "decode_workspace", "decode_workspace_size", "prefill_workspace_size",
 ]
 
 KV_FORMATS = tuple(_C.kv_format_names())
@@ -112,7 +112,8 @@ def _stream(frame, like: Any, stream: Optional[int]) -> int:
     return frame.stream(like) if stream is None else int(stream)
 
 
-def _workspace(frame, like: Any, size: int, given: Any = None, op: str = "", device=None):
+def _workspace(frame, like: Any, size: int, given: Any = None, op: str = "", device=None,
+               size_fn: str = "decode_workspace_size"):
     """The workspace of one call: `given` (the caller's, reused across calls: nothing is
     allocated) after its checks, else a fresh buffer (None when the operation needs none)."""
     if given is None:
@@ -123,7 +124,7 @@ def _workspace(frame, like: Any, size: int, given: Any = None, op: str = "", dev
         raise ValueError(f"{op}: workspace: expected a uint8 array of q's framework and device")
     if int(given.shape[0]) < size:
         raise ValueError(f"{op}: workspace: expected at least {size} bytes "
-                         f"(decode_workspace_size), got {int(given.shape[0])}")
+                         f"({size_fn}), got {int(given.shape[0])}")
     return given if size > 0 else None
 
 
@@ -371,11 +372,12 @@ def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extr
 
 def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v: int = 512,
                    attn_sink=None, topk_length=None, out=None, max_logits=None, lse=None,
-                   stream: Optional[int] = None):
+                   stream: Optional[int] = None, workspace=None):
     """Sparse prefill. Returns (out [s_q, h_q, d_v] bf16, max_logits [s_q, h_q], lse [s_q, h_q]).
 
     q [s_q, h_q, d_qk] bf16; kv [s_kv, h_kv, d_qk] bf16; indices [s_q, h_kv, topk] int32
-    (invalid: < 0 or >= s_kv).
+    (invalid: < 0 or >= s_kv). workspace: a uint8 [n] buffer of at least
+    prefill_workspace_size(q, s_q, h_q, d_v) bytes, reused across calls (else one is allocated).
     """
     op = "sparse_prefill"
     _check(op, "q", q, ("bf16",), 3)
@@ -389,12 +391,12 @@ def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v
         results = _custom_ops().sparse_prefill(q, kv, indices, scale, d_v, attn_sink, topk_length)
         return _copy_into(results, (out, max_logits, lse))
     return _run_prefill(frame, op, q, kv, indices, scale, d_v, attn_sink, topk_length, out,
-                        max_logits, lse, stream)
+                        max_logits, lse, stream, workspace=workspace)
 
 
 def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length, out,
                  max_logits, lse, stream, cache_format=None, cache_layout=None,
-                 dequantize_once=None):
+                 dequantize_once=None, workspace=None):
     """Outputs allocated or checked, then the extension's sparse_prefill: keys are kv rows, or a
     paged cache when cache_layout is given (then the workspace as dequantize_once asks)."""
     s_q, h_q, _ = _shape(q)
@@ -412,17 +414,20 @@ def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length
         _check_out(op, "lse", lse, ("fp32",), (s_q, h_q))
     device = _device(frame, q, op, "q")
     ws = _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
-    if cache_layout is not None and dequantize_once is not False:
+    # A caller's workspace needs the direct path's size (the call dequantises once where it holds
+    # more: prefill_workspace_size with k_cache); one allocated here, as dequantize_once asks.
+    if workspace is None and cache_layout is not None and dequantize_once is not False:
         once = _C.sparse_prefill_cache_workspace_size(fw.to_c(keys), s_q, h_q,
                                                        int(_shape(indices)[2]), cache_format,
                                                        cache_layout, d_v)
         if dequantize_once or once <= _DEQUANT_ONCE_DEFAULT_MAX_BYTES:
             ws = once
+    ws_array = _workspace(frame, q, ws, workspace, op, device, "prefill_workspace_size")
     with frame.guard(q):
         _C.sparse_prefill(fw.to_c(q), fw.to_c(keys), fw.to_c(indices), fw.to_c(out),
                           fw.to_c(max_logits), fw.to_c(lse), topk_length=fw.to_c(topk_length),
                           attn_sink=fw.to_c(attn_sink), d_v=d_v, softmax_scale=scale,
-                          workspace=fw.to_c(_workspace(frame, q, ws)),
+                          workspace=fw.to_c(ws_array),
                           stream=_stream(frame, q, stream), as_kv_cache=cache_layout is not None,
                           k_cache_format=cache_format, k_cache_layout=cache_layout or "default")
     return out, max_logits, lse
@@ -437,7 +442,7 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
                               kv_layout: str = "default", softmax_scale: Optional[float] = None,
                               d_v: int = 512, attn_sink=None, topk_length=None, out=None,
                               max_logits=None, lse=None, stream: Optional[int] = None,
-                              dequantize_once: Optional[bool] = None):
+                              dequantize_once: Optional[bool] = None, workspace=None):
     """Sparse prefill with the keys read straight from a paged KV cache of any format (fp8_v32,
     fp8_model1, fp8_mx, fp4 or bf16; dequantised as they are loaded, no bf16 copy of the cache).
 
@@ -452,7 +457,10 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
     slot the indices name is dequantised once into bf16 rows in the call's workspace, then the
     bf16 prefill runs on them: the same operation, results agree to rounding. That workspace
     holds min(cache slots, s_q * topk) rows of d_qk bf16 plus s_q * topk int32;
-    dequantize_once=None allocates it when it is at most 2 GiB, True always, False never."""
+    dequantize_once=None allocates it when it is at most 2 GiB, True always, False never.
+    workspace: a uint8 [n] buffer of the caller's instead (reused across calls): at least
+    prefill_workspace_size(q, s_q, h_q, d_v); with prefill_workspace_size(..., topk=, k_cache=)
+    bytes the call may dequantise once."""
     op = "sparse_prefill"
     _check(op, "q", q, ("bf16",), 3)
     frame = fw.framework_of(q, op, "q")
@@ -464,7 +472,7 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
     scale = _scale(op, softmax_scale)
     return _run_prefill(frame, op, q, k_cache, indices, scale, d_v, attn_sink, topk_length, out,
                         max_logits, lse, stream, cache_format=kv_format, cache_layout=kv_layout,
-                        dequantize_once=dequantize_once)
+                        dequantize_once=dequantize_once, workspace=workspace)
 
 
 # --- merge ----------------------------------------------------------------------------------
@@ -710,6 +718,30 @@ def decode_workspace_size(like, batch: int, s_q: int, h_q: int, h_kv: int = 1, d
     if sparse:
         return _C.sparse_decode_workspace_size(device[0], device[1], batch, s_q, h_q, d_v)
     return _C.dense_decode_workspace_size(device[0], device[1], batch, s_q, h_q, h_kv, d_v)
+
+
+def prefill_workspace_size(like, s_q: int, h_q: int, d_v: int = 512, *,
+                           topk: Optional[int] = None, k_cache=None,
+                           kv_format: Optional[str] = None, kv_layout: str = "default") -> int:
+    """Bytes of workspace a sparse prefill of these shapes needs on `like`'s device (a tensor) or
+    on "cpu" / "cuda[:N]"; 0 when it needs none. With `k_cache` (a paged cache, as for
+    sparse_prefill_from_cache) and `topk`, the size that lets a call from an fp8/fp4 cache
+    dequantise each named slot once (min(cache slots, s_q * topk) bf16 rows and more)."""
+    op = "prefill_workspace_size"
+    if k_cache is not None:
+        if topk is None:
+            raise ValueError(f"{op}: topk: required with k_cache")
+        _check_cache(op, "k_cache", k_cache)
+        _check_format(op, "kv_format", kv_format, kv_layout)
+        return _C.sparse_prefill_cache_workspace_size(fw.to_c(k_cache), s_q, h_q, int(topk),
+                                                      kv_format, kv_layout, d_v)
+    if isinstance(like, str):
+        kind, _, index = like.partition(":")
+        device = (kind, int(index) if index else 0)
+    else:
+        frame = fw.framework_of(like, op, "like")
+        device = _device(frame, like, op, "like")
+    return _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
 
 
 def decode_workspace(q, *, h_kv: int = 1, d_v: int = 512, sparse: bool = False):

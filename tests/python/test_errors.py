@@ -226,6 +226,11 @@ def test_interpreter_survives_bad_input():
             lambda: _C.kv_layout("fp8_mx", 0),
             lambda: _C.decode_num_sm_parts("tpu", 0, 1, 16),
             lambda: _C.dense_decode_workspace_size("cpu", 0, -1, 1, 16),
+            lambda: _C.sparse_prefill_cache_workspace_size(np.zeros((2, 4, 1, 584), np.uint8), 4,
+                                                           8, -1),
+            lambda: _C.sparse_prefill_cache_workspace_size(np.zeros(3, np.float32), 4, 8, 16),
+            lambda: _C.sparse_prefill_cache_workspace_size(np.zeros((2, 4, 1, 600), np.uint8), 4,
+                                                           8, 16),
         ]
         raised = 0
         for number, call in enumerate(calls):

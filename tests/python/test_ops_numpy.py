@@ -179,6 +179,24 @@ def test_sparse_prefill_from_cache(fmt, dequantize_once):
     assert np.all(np.isposinf(lse[2])) and np.all(np.isneginf(max_logits[3]))
 
 
+def test_prefill_workspace():
+    """prefill_workspace_size on the CPU (which needs none), a caller's workspace taken, and bad
+    arguments named."""
+    cache, flat = make_cache("fp8_model1", 2, 16, seed=3)
+    assert openmla.prefill_workspace_size("cpu", 4, 8) == 0
+    assert openmla.prefill_workspace_size("cpu", 4, 8, topk=16, k_cache=cache) == 0
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((4, 8, 512)).astype(np.float32).astype(ref.BF16)
+    indices = rng.integers(0, 32, (4, 1, 16)).astype(np.int32)
+    given = openmla.sparse_prefill_from_cache(q, cache, indices, workspace=np.zeros(8, np.uint8))
+    plain = openmla.sparse_prefill_from_cache(q, cache, indices)
+    assert np.array_equal(given[0].view(np.uint16), plain[0].view(np.uint16))
+    with pytest.raises(ValueError, match="topk: required with k_cache"):
+        openmla.prefill_workspace_size("cpu", 4, 8, k_cache=cache)
+    with pytest.raises(TypeError, match="workspace"):
+        openmla.sparse_prefill_from_cache(q, cache, indices, workspace=np.zeros(8, np.float32))
+
+
 def test_merge_attention_states():
     """Splitting a sequence's keys in two and merging gives the whole attention."""
     rng = np.random.default_rng(7)
