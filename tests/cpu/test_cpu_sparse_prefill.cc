@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <vector>
@@ -184,6 +185,19 @@ TEST(CpuSparsePrefill, AllIndicesInvalidIsLonely) {
   for (double x : p.lse.values()) EXPECT_EQ(x, kOracleInf);
   for (double x : p.max_logits.values()) EXPECT_EQ(x, -kOracleInf);
   for (double x : p.out.values()) ASSERT_EQ(x, 0.0);
+}
+
+// The CPU backend needs no workspace, whatever the arguments (the from-cache overload included:
+// an undefined cache, negative sizes).
+TEST(CpuSparsePrefill, WorkspaceSizesOnTheCpu) {
+  std::vector<uint8_t> bytes(4 * 16 * 584);
+  KVCache cache;
+  cache.data = bytes.data();
+  cache.layout = default_kv_layout(KVFormat::kFP8_Model1, 16);
+  cache.num_blocks = 4;
+  EXPECT_EQ(sparse_prefill_workspace_size(Device::cpu(), 64, 128, 512), 0u);
+  EXPECT_EQ(sparse_prefill_workspace_size(Device::cpu(), 64, 128, 512, 2048, cache), 0u);
+  EXPECT_EQ(sparse_prefill_workspace_size(Device::cpu(), -1, 128, 512, -5, KVCache{}), 0u);
 }
 
 }  // namespace
