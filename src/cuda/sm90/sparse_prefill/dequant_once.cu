@@ -166,10 +166,7 @@ Status plan_layout(int device_index, int64_t s_q, int64_t h_q, int64_t d_v, int6
   return Status::Ok();
 }
 
-bool quantised(KVFormat f) {
-  return f == KVFormat::kFP8_V32 || f == KVFormat::kFP8_Model1 || f == KVFormat::kFP8_MX ||
-         f == KVFormat::kFP4;
-}
+bool quantised(KVFormat f) { return kv_format_info(f).quantized(); }  // fp8_*, fp4
 
 unsigned grid_for(int64_t n, int64_t cap) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(n, cap)));
