@@ -694,14 +694,17 @@ def new_kv_cache(num_blocks: int, page_size: int, kv_format: str, *, layout: str
 
 # --- schedule and facts ---------------------------------------------------------------------
 
-def decode_num_sm_parts(like, s_q: int, h_q: int, h_kv: int = 1) -> int:
-    """Workers of a decode schedule on `like`'s device (a tensor) or on "cpu" / "cuda[:N]"."""
+def _like_device(like, op: str):
+    """(type, index) of `like`: a tensor's device, or "cpu" / "cuda[:N]"."""
     if isinstance(like, str):
         kind, _, index = like.partition(":")
-        device = (kind, int(index) if index else 0)
-    else:
-        frame = fw.framework_of(like, "decode_num_sm_parts", "like")
-        device = _device(frame, like, "decode_num_sm_parts", "like")
+        return (kind, int(index) if index else 0)
+    return _device(fw.framework_of(like, op, "like"), like, op, "like")
+
+
+def decode_num_sm_parts(like, s_q: int, h_q: int, h_kv: int = 1) -> int:
+    """Workers of a decode schedule on `like`'s device (a tensor) or on "cpu" / "cuda[:N]"."""
+    device = _like_device(like, "decode_num_sm_parts")
     return _C.decode_num_sm_parts(device[0], device[1], s_q, h_q, h_kv)
 
 
@@ -709,12 +712,7 @@ def decode_workspace_size(like, batch: int, s_q: int, h_q: int, h_kv: int = 1, d
                           *, sparse: bool = False) -> int:
     """Bytes of workspace a dense (or, with sparse=True, sparse) decode of these shapes needs on
     `like`'s device (a tensor) or on "cpu" / "cuda[:N]"; 0 when it needs none."""
-    if isinstance(like, str):
-        kind, _, index = like.partition(":")
-        device = (kind, int(index) if index else 0)
-    else:
-        frame = fw.framework_of(like, "decode_workspace_size", "like")
-        device = _device(frame, like, "decode_workspace_size", "like")
+    device = _like_device(like, "decode_workspace_size")
     if sparse:
         return _C.sparse_decode_workspace_size(device[0], device[1], batch, s_q, h_q, d_v)
     return _C.dense_decode_workspace_size(device[0], device[1], batch, s_q, h_q, h_kv, d_v)
@@ -735,12 +733,7 @@ def prefill_workspace_size(like, s_q: int, h_q: int, d_v: int = 512, *,
         _check_format(op, "kv_format", kv_format, kv_layout)
         return _C.sparse_prefill_cache_workspace_size(fw.to_c(k_cache), s_q, h_q, int(topk),
                                                       kv_format, kv_layout, d_v)
-    if isinstance(like, str):
-        kind, _, index = like.partition(":")
-        device = (kind, int(index) if index else 0)
-    else:
-        frame = fw.framework_of(like, op, "like")
-        device = _device(frame, like, op, "like")
+    device = _like_device(like, op)
     return _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
 
 
