@@ -268,8 +268,10 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests wide_unpaired 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
     'Sparse*:DenseDecodeKVCache*'
   # The round slots in a CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1, opt-in) on every grid of two
-  # m-blocks; its arithmetic is the slots', so the pair's bit-for-bit test holds too.
-  switch_tests pair_slots OPENMLA_SPARSE_PAIRSLOTS=1 'Sparse*:DenseDecodeKVCache*'
+  # m-blocks; its 32-key tiles round the softmax's sums differently from the unpaired 64-key
+  # tiles, so not the pair's bit-for-bit test.
+  switch_tests pair_slots OPENMLA_SPARSE_PAIRSLOTS=1 \
+    'Sparse*:DenseDecodeKVCache*:-SparseDecodeSmall.CtaPairMatchesUnpaired'
 fi
 
 # --- compute-sanitizer memcheck on small shapes ----------------------------------------------

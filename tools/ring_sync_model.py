@@ -2,11 +2,12 @@
 """A model of the ring fill's synchronisation (src/cuda/sm90/sparse_decode/kernel.cuh consume's
 ring branches, producer.cuh produce_by_ring), run on the CPU under many random interleavings to
 find deadlocks and buffer races before a GPU does: the one-stage ring (two rounds of one 64-key
-stage), its three round slots (traits.h kSlots), and the slots in a CTA pair (--pair: NOT YET
-BUILT, the protocol of sparse_decode/NOTES.md's "slot ring in a CTA pair", checked before it
-is written: CTA rank r decodes the rounds n with n % 2 = r into its slot and bulk-copies it into
-the peer's, completing bytes on the peer's full barrier; each CTA's producer arrives on its full
-barrier for the peer's rounds with expect_tx; the compute warps release both CTAs' slots). Each
+stage), its three round slots (traits.h kSlots), and the slots in a CTA pair (--pair; traits.h
+kPairSlots, producer.cuh produce_by_ring_pair: CTA rank r decodes the rounds n with n % 2 = r
+into its slot and bulk-copies it into the peer's, completing bytes on the peer's full barrier;
+each CTA's producer arrives on its full barrier for the peer's rounds with expect_tx; the compute
+warps walk 32-key tiles, a round each, and release both CTAs' slots; P and the row factors cross
+from WG0 to WG1 a round at a time, WG0 writing round n + 1's only after WG1 took round n's). Each
 warpgroup is one agent (its four warps act alike); mbarriers count warp arrivals (and, for the
 pair, transaction bytes); wgmma groups complete when their warpgroup waits for them, so a
 group's reads happen at its wait (the latest the hardware may read); a bulk copy is an agent of
@@ -41,7 +42,8 @@ class World:
         self.full = [[0, 0, 0] for _ in range(self.nb)]
         self.empty = [[0, 0] for _ in range(self.nb)]
         self.buf: dict[str, object] = {}
-        self.p_gen = [0, 0]  # the named barrier P0: [WG0 arrivals, WG1 syncs passed]
+        self.p_gen = [0, 0]  # named barriers' arrivals: P0 (WG0's), P1 (WG1's; the pair's rounds)
+        self.p_synced = [0, 0]  # their syncs passed (the pair's rounds: WG1's of P0, WG0's of P1)
         self.peer: World | None = None  # the pair's other CTA
         self.empty_need = 8             # 16 in a pair: both CTAs' compute warps
         self.copies: list = []          # the pair: bulk copies issued, not yet landed
@@ -115,12 +117,13 @@ def producer(w: World):
             w.arrive_full(i)
 
 
-# The slots in a CTA pair (not yet built; sparse_decode/NOTES.md): this CTA's producer walks every
+# The slots in a CTA pair (producer.cuh produce_by_ring_pair): this CTA's producer walks every
 # round; its own rounds (n % 2 = rank) it decodes into its slot and bulk-copies into the peer's
 # (the copy reads its source and lands later, completing 4 units on the peer's full barrier), and
-# arrives on its own full barrier only once the copy has read its source (bulk wait_group.read:
-# at d 576 this CTA's WG0 writes P over the slot's RoPE piece once its QK^T is done); for the
-# peer's rounds it arrives on its own full barrier expecting those 4 units (a unit each warp).
+# at d 576 arrives on its own full barrier only once the copy has read its source (bulk
+# wait_group.read: this CTA's WG0 writes P over the slot's RoPE piece once its QK^T is done; at
+# d 512 it arrives at once); for the peer's rounds it arrives on its own full barrier expecting
+# those 4 units (a unit each warp).
 # Both wait the slot's empty barrier first: 16 arrivals, both CTAs' compute warps.
 def producer_pair(w: World, rank: int):
     rounds = 2 * w.n_tiles
@@ -133,7 +136,7 @@ def producer_pair(w: World, rank: int):
                 w.write(name, ("round", n))
             copy = {"slot": i, "names": names, "read": None}
             w.copies.append(copy)
-            if w.mut != "arrive_before_copy_read":
+            if w.d576 and w.mut != "arrive_before_copy_read":
                 yield lambda c=copy: c["read"] is not None  # cp.async.bulk.wait_group.read 0
             for _ in range(4):
                 w.arrive_full(i)
@@ -227,6 +230,66 @@ def consumer(w: World, wg: int):
     wait_groups(0)
 
 
+def consumer_rounds(w: World, wg: int):
+    """The pair's compute warpgroups (kernel.cuh consume, kPairSlots): 32-key tiles, round n in
+    slot n % 3; P of a round in the slot's RoPE piece (d 576) or the one P buffer (d 512), the
+    factors in one buffer; named barrier P0 (WG0 -> WG1: round n's P is written) and P1 (WG1 ->
+    WG0: round n's P and factors are taken; not after the last round)."""
+    who = f"WG{wg}"
+    rounds = 2 * w.n_tiles
+    groups: list[list] = []
+
+    def wait_groups(keep):
+        while len(groups) > keep:
+            for name, expect in groups.pop(0):
+                w.read(name, expect, who)
+
+    def release(n):
+        for _ in range(4):
+            w.arrive(w.empty, w.empty_need, w.where(n)[0])
+            if w.mut != "release_local_only":
+                w.peer.arrive(w.peer.empty, w.peer.empty_need, w.where(n)[0])
+
+    def bar_arrive(b):  # a named barrier's phase is one arrive and one sync: never two arrives
+        if w.p_gen[b] > w.p_synced[b]:
+            raise Finding(f"{who} arrives on named barrier P{b} again before its last sync")
+        w.p_gen[b] += 1
+
+    def p_name(n):
+        return f"rope{w.where(n)[0]}" if w.d576 else "P"
+
+    for n in range(rounds):
+        i, use = w.where(n)
+        keys = [(f"keys{i}", ("round", n))]
+        if wg == 0:
+            yield lambda i=i, use=use: w.ready(w.full, i, use & 1)
+            groups.append(keys + ([(f"rope{i}", ("round", n))] if w.d576 else []))  # QK^T
+            if n > 0:
+                wait_groups(1)  # round n - 1's P V
+                release(n - 1)
+            wait_groups(0)
+            w.read(f"valid{i}", ("round", n), who)
+            if n > 0 and w.mut != "p_without_handshake":
+                yield lambda n=n: w.p_gen[1] >= n  # bar.sync P1: WG1 took round n - 1's
+                w.p_synced[1] += 1
+            w.write(p_name(n), ("P", n))
+            w.write("factors", ("round", n))
+            bar_arrive(0)
+            groups.append(keys)  # P V over the round (from registers)
+        else:
+            yield lambda n=n: w.p_gen[0] >= n + 1  # bar.sync P0
+            w.p_synced[0] += 1
+            yield lambda i=i, use=use: w.ready(w.full, i, use & 1)
+            w.read(p_name(n), ("P", n), who)
+            w.read("factors", ("round", n), who)
+            if n + 1 < rounds:
+                bar_arrive(1)
+            groups.append(keys)
+            wait_groups(0)
+            release(n)
+    wait_groups(0)
+
+
 def run_pair(n_tiles, d576, rng, mutation=""):
     """The slots in a CTA pair: two CTAs of three warpgroups and a copy engine each."""
     cta = [World(n_tiles, True, d576, mutation) for _ in range(2)]
@@ -238,8 +301,8 @@ def run_pair(n_tiles, d576, rng, mutation=""):
         w = cta[r]
         agents[f"producer{r}"] = producer_pair(w, r)
         agents[f"copy{r}"] = copy_engine(w)
-        agents[f"WG0.{r}"] = consumer(w, 0)
-        agents[f"WG1.{r}"] = consumer(w, 1)
+        agents[f"WG0.{r}"] = consumer_rounds(w, 0)
+        agents[f"WG1.{r}"] = consumer_rounds(w, 1)
     run_agents(agents, rng)
     last = cta[0].where(2 * n_tiles - 1)[0] if n_tiles else -1
     for r in range(2):
@@ -269,7 +332,9 @@ MUTATIONS = ("p_in_wrong_slot", "wg0_releases_before_its_pv", "wg1_releases_befo
 # a slot the peer still reads), the producer arriving for the peer's round without expecting its
 # bytes, the producer handing its own round to its consumers before the copy has read it (at d
 # 576 P overwrites the RoPE piece the copy still has to read).
-PAIR_MUTATIONS = ("release_local_only", "no_expect_tx", "arrive_before_copy_read")
+# P written before WG1 took the previous round's (no P1 handshake).
+PAIR_MUTATIONS = ("release_local_only", "no_expect_tx", "arrive_before_copy_read",
+                  "p_without_handshake")
 
 
 def main(argv) -> int:
@@ -278,7 +343,7 @@ def main(argv) -> int:
     ap.add_argument("--self-test", action="store_true",
                     help="check that each deliberate bug of the round slots is found")
     ap.add_argument("--pair", action="store_true",
-                    help="the slots in a CTA pair (a protocol not yet built)")
+                    help="the slots in a CTA pair")
     args = ap.parse_args(argv)
     if args.pair:
         if args.self_test:

@@ -218,6 +218,23 @@ __device__ __forceinline__ void* slot_rope(typename Traits::SharedStorage& smem,
   return smem.k[0] + slot * Traits::kSlotElems + 8 * (Traits::kSlotPieceBytes / 2);
 }
 
+// The slots in a CTA pair's round of 32 keys (traits.h kPairSlots): its key mask (bit j = key j
+// of the round), and where its P (64 x 32) crosses to WG1: at d 576 the slot's RoPE piece (dead
+// once the round's QK^T is done), at d 512 the P buffer (WG0 writes a round's P only after WG1
+// took the previous one).
+__device__ __forceinline__ uint32_t slot_round_valid(const uint32_t (&words)[12], int s) {
+  const uint4 a = reinterpret_cast<const uint4*>(words)[s];
+  return a.x | a.y << 8 | a.z << 16 | a.w << 24;
+}
+template <class Traits>
+__device__ __forceinline__ void* round_p_buffer(typename Traits::SharedStorage& smem, int slot) {
+  if constexpr (Traits::kPInKTile) {
+    return slot_rope<Traits>(smem, slot);
+  } else {
+    return smem.p[0];
+  }
+}
+
 // The seesaw order's P of stage s: at d 576 stage 0's in its RoPE piece (in its R half, which
 // WG1, the reader, frees) and stage 1's in a buffer of its own (its RoPE piece is in stage 1's R
 // half, which WG1 frees before WG0 has read P); at d 512 a buffer each.
@@ -278,6 +295,14 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       make_tensor(make_smem_ptr(k_op), typename Traits::SmemLayoutKRound{}));
   Tensor tSrSr = partition_fragment_C(mma_qkr, Shape<Int<64>, Int<32>>{});
   static_assert(decltype(size(tSrSr))::value * 2 == decltype(size(tSrS))::value);
+  // The slots in a CTA pair's 32-key tiles (traits.h kPairSlots): S of a round as rows and keys,
+  // and its P as the A operand of a P V over one slot (2 k-blocks).
+  [[maybe_unused]] Tensor Sr = make_tensor(tSrSr.data(), acc_rowcol(tSrSr.layout()));  // (2,8)
+  [[maybe_unused]] Tensor cSr_rc = make_tensor(
+      thr_qkr.partition_C(make_identity_tensor(Shape<Int<64>, Int<32>>{})).data(),
+      acc_rowcol(thr_qkr.partition_C(make_identity_tensor(Shape<Int<64>, Int<32>>{})).layout()));
+  [[maybe_unused]] Tensor tOrPr = thr_pv.partition_fragment_A(
+      make_tensor(make_smem_ptr(q_op), typename Traits::SmemLayoutPRound{}));  // (MMA,1,2)
   // The round slots (traits.h kSlots): round n of the CTA's list is in slot n % 3, its (n / 3)-th
   // use; a warpgroup's V of a slot is its 4 pieces of 32 keys (MN-major), 2 k-blocks. Each
   // warpgroup releases each round once (WG0 an even round after its tile's P V, an odd one
@@ -576,178 +601,244 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
     fence_async_smem();
     bar_sync(kBarQ, 128);
     const float max_thr = 8.f / sl2;
-    for (int kk = 0; kk < n_tiles; ++kk) {
-      const int stage = Traits::kRing ? 0 : kk & 1;
-      if constexpr (Traits::kRing) {
-        // S = Q K^T round by round, each as soon as its keys are decoded; the previous tile's
-        // P V over round 1 (issued before) completes under round 0's and hands round 1 back.
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          Tensor S_r = make_tensor(tSrS.data() + r * size(tSrSr), tSrSr.layout());
-          const int n = 2 * kk + r;  // (the round slots: round n is in slot n % 3)
-          wait_full(&smem.full[kSlots ? n % 3 : r], kSlots ? (n / 3) & 1 : kk & 1, false);
-          warpgroup_fence_operand(S_r);
-          warpgroup_arrive();
-          // (Q's descriptors formed afresh each round: held across both, they spill WG0)
-          auto tSrQ_r = at_offset(tSrQr, 0);
-          auto tSrK_r = at_offset(tSrKr, kSlots ? (n % 3) * Traits::kSlotBytes : r * 32 * 128);
-#pragma unroll
-          for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
-            if constexpr (Traits::kRopeBf16) {
-              if (k >= 32) {  // d 576's RoPE piece: bf16 (traits.h kFp16)
-                typename Traits::TiledMmaQKRoundBf16 mma_rope;
-                auto thr_rope = mma_rope.get_thread_slice(t);
-                auto tSrQb = thr_rope.partition_fragment_A(
-                    make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{}));
-                auto tSrKb = at_offset(
-                    thr_rope.partition_fragment_B(make_tensor(
-                        make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutKRound{})),
-                    (n % 3) * Traits::kSlotBytes);
-                mma_rope.accumulate_ = GMMA::ScaleOut::One;
-                gemm(mma_rope, tSrQb(_, _, k), tSrKb(_, _, k), S_r);
-                continue;
-              }
-            }
-            mma_qkr.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-            gemm(mma_qkr, tSrQ_r(_, _, k), tSrK_r(_, _, k), S_r);
-          }
-          warpgroup_commit_batch();
-          if (r == 0 && kk > 0) {
-            warpgroup_wait<1>();
-            release_stage(&smem.empty[kSlots ? (n + 2) % 3 : 1], lane,
-                          Traits::kPairSlots);  // round n - 1
-          }
-        }
-      } else {
-        wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
-        // S = Q K^T. The previous tile's PV (issued before it) completes first: its stage goes
-        // back to the producer while this QK^T still runs, so the next fill starts a QK^T
-        // earlier.
-        warpgroup_fence_operand(tSrS);
+    if constexpr (Traits::kPairSlots) {
+      // The round slots in a CTA pair (traits.h kPairSlots) walk 32-key tiles, one round each:
+      // round n's slot goes back after its own P V, so the decode of round n + 3 (by either
+      // CTA's producer) waits for round n alone, two rounds before it is needed. (With 64-key
+      // tiles it waited for the tile holding the slot's previous round: each tile's second
+      // round was decoded only once the previous tile was done, in series with the MMAs.)
+      // P and the row factors cross to WG1 a round at a time: WG0 writes round n + 1's only
+      // after WG1 took round n's (named barrier P1).
+      const int n_rounds = 2 * n_tiles;
+      for (int n = 0; n < n_rounds; ++n) {
+        const int s = n % 3;
+        wait_full(&smem.full[s], (n / 3) & 1, false);
+        warpgroup_fence_operand(tSrSr);
         warpgroup_arrive();
-        auto tSrK_s = at_offset(tSrK, stage * Traits::kStageBytes);
+        auto tSrQ_r = at_offset(tSrQr, 0);
+        auto tSrK_r = at_offset(tSrKr, s * Traits::kSlotBytes);
 #pragma unroll
         for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
-          mma_qk.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-          gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
+          mma_qkr.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+          gemm(mma_qkr, tSrQ_r(_, _, k), tSrK_r(_, _, k), tSrSr);
         }
         warpgroup_commit_batch();
-        if (kk > 0) {
-          warpgroup_wait<1>();
-          release_stage(&smem.empty[stage ^ 1], lane, p.pair);
+        if (n > 0) {
+          warpgroup_wait<1>();  // round n - 1's P V
+          release_stage(&smem.empty[(n + 2) % 3], lane, true);
         }
-      }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      warpgroup_fence_operand(tOrO);
-      // kFp16: key j of the tile (round slot s0 or s1) and its exponent.
-      [[maybe_unused]] auto key_exp = [&](int c) {
-        const int key = get<1>(cS_rc(0, c));
-        return static_cast<int>(
-            smem.key_exp[32 * (key < 32 ? (2 * kk) % 3 : (2 * kk + 1) % 3) + (key & 31)]);
-      };
-      [[maybe_unused]] int e_tile = -60;
-      if constexpr (Traits::kFp16) {  // S back to the true scores; the tile's largest exponent
-        int q_exp[2];
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrSr);
+        warpgroup_fence_operand(tOrO);
+        const uint32_t valid = slot_round_valid(smem.valid[0], s);
+        const int pos0 = 64 * range.x + 32 * n;
+        const bool cut_rows = kDense && first_limit - pos0 < 32;
+        if (valid != ~0u || cut_rows) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) q_exp[r] = __float_as_int(smem.row_sum[mrow[r]]);
+          for (int r = 0; r < 2; ++r) {
+            const int cut = cut_rows ? smem.row_limit[mrow[r]] - pos0 : INT_MAX;
 #pragma unroll
-        for (int c = 0; c < size<1>(S); ++c) {
-          const int e = key_exp(c);
-          e_tile = max(e_tile, e);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) S(r, c) *= exp2_int(q_exp[r] + e);
-        }
-        e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 1));
-        e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 2));
-      }
-      // Keys the producer found invalid (or past the list's count) never count, nor keys past
-      // a row's causal limit (dense mode, s_q > 1).
-      uint64_t valid;
-      if constexpr (Traits::kProducerWarpgroups == 2) {
-        valid = slots_valid8(smem.valid[0], (2 * kk) % 3, (2 * kk + 1) % 3);
-      } else if constexpr (kSlots) {
-        valid = slots_valid(smem.valid[0], (2 * kk) % 3, (2 * kk + 1) % 3);
-      } else {
-        valid = stage_valid(smem.valid[stage]);
-      }
-      const int pos0 = 64 * (range.x + kk);
-      const bool cut_rows = kDense && first_limit - pos0 < 64;
-      if (valid != ~0ull || cut_rows) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int cut = cut_rows ? smem.row_limit[mrow[r]] - pos0 : INT_MAX;
-#pragma unroll
-          for (int c = 0; c < size<1>(S); ++c) {
-            const int key = get<1>(cS_rc(r, c));
-            if (!((valid >> key) & 1ull) || key >= cut) S(r, c) = -INFINITY;
+            for (int c = 0; c < size<1>(Sr); ++c) {
+              const int key = get<1>(cSr_rc(r, c));
+              if (!((valid >> key) & 1u) || key >= cut) Sr(r, c) = -INFINITY;
+            }
           }
         }
-      }
-      float factor[2], base[2], sum[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float mx = quad_max(row_reduce<true>(S, r));
-        m_true[r] = fmaxf(m_true[r], mx);
-        const float m_new = lazy_max(m_run[r], mx, max_thr);
-        base[r] = max_base(m_new, sl2);
-        factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
-        m_run[r] = m_new;
-      }
-      if constexpr (Traits::kFp16) {
-        // O's units move to the largest exponent so far (its rows times 2^(e_ref - e_next),
-        // beside the softmax factor; the row sums only by that), then P's column j times
-        // 2^(e_j - e_ref) <= 1.
-        int* const e_ref = smem.o_exp + t / 32;
-        const int e_prev = *e_ref, e_next = max(e_prev, e_tile);
-        const float ratio = exp2_int(e_prev - e_next);
+        float factor[2], base[2], sum[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          l_run[r] *= factor[r];
-          factor[r] *= ratio;
+          const float mx = quad_max(row_reduce<true>(Sr, r));
+          m_true[r] = fmaxf(m_true[r], mx);
+          const float m_new = lazy_max(m_run[r], mx, max_thr);
+          base[r] = max_base(m_new, sl2);
+          factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
+          m_run[r] = m_new;
         }
-        *e_ref = e_next;
-        // (read back each time, volatile: a register held through the softmax spills WG0)
-        softmax_to_p_cols<KElement>(S, tSrS, base, sl2, sum, tOrP, [&](int c) {
-          return exp2_int(key_exp(c) - *static_cast<volatile int*>(e_ref));
-        });
-#pragma unroll
-        for (int r = 0; r < 2; ++r) l_run[r] += sum[r];
-      } else {
-        softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+        softmax_to_p<Element>(Sr, tSrSr, base, sl2, sum, tOrPr);
 #pragma unroll
         for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
+        if (n > 0) bar_sync(kBarP1, 256);  // WG1 has taken round n - 1's P and factors
+        store_p(round_p_buffer<Traits>(smem, s), tOrPr, t);
+        smem.rescale[0][t] = make_float2(factor[0], factor[1]);
+        bar_arrive(kBarP0, 256);
+        rescale_rows_if(O, factor);
+        gemm_pv(mma_pv, tOrPr, at_offset(tOrVs, s * Traits::kSlotBytes), tOrO);
       }
-      if constexpr (kSlots && Traits::kPInKTile) {
-        store_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3),
-                       slot_rope<Traits>(smem, (2 * kk + 1) % 3), tOrP, t);
-      } else {
-        store_p(p_buffer<Traits>(smem, stage), tOrP, t);
-      }
-      smem.rescale[stage][t] = make_float2(factor[0], factor[1]);
-      bar_arrive(stage == 0 ? kBarP0 : kBarP1, 256);
-      rescale_rows_if(O, factor);
-      if constexpr (Traits::kProducerWarpgroups == 2) {
-        const int s0 = (2 * kk) % 3;
-        gemm_pv_by_slots_128<Traits>(mma_pv128, tOrP, at_offset(tOrVs128, s0 * Traits::kSlotBytes),
-                                     at_offset(tOrVs128, (2 * kk + 1) % 3 * Traits::kSlotBytes),
-                                     tOrO);
-        warpgroup_wait<1>();
-        // round 0's keys (round 1's: above)
-        release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
-      } else if constexpr (kSlots) {
-        const int s0 = (2 * kk) % 3;
-        gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
-                         at_offset(tOrVs, (2 * kk + 1) % 3 * Traits::kSlotBytes), tOrO);
-        warpgroup_wait<1>();
-        // round 0's keys (round 1's: above)
-        release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
-      } else if constexpr (Traits::kRing) {
-        gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
-        warpgroup_wait<1>();
-        release_stage(&smem.empty[0], lane, false);  // round 0's keys (round 1's: above)
-      } else {
-        gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
+      wait_pv(tOrO, tOrPr);
+    } else {
+      for (int kk = 0; kk < n_tiles; ++kk) {
+        const int stage = Traits::kRing ? 0 : kk & 1;
+        if constexpr (Traits::kRing) {
+          // S = Q K^T round by round, each as soon as its keys are decoded; the previous tile's
+          // P V over round 1 (issued before) completes under round 0's and hands round 1 back.
+  #pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            Tensor S_r = make_tensor(tSrS.data() + r * size(tSrSr), tSrSr.layout());
+            const int n = 2 * kk + r;  // (the round slots: round n is in slot n % 3)
+            wait_full(&smem.full[kSlots ? n % 3 : r], kSlots ? (n / 3) & 1 : kk & 1, false);
+            warpgroup_fence_operand(S_r);
+            warpgroup_arrive();
+            // (Q's descriptors formed afresh each round: held across both, they spill WG0)
+            auto tSrQ_r = at_offset(tSrQr, 0);
+            auto tSrK_r = at_offset(tSrKr, kSlots ? (n % 3) * Traits::kSlotBytes : r * 32 * 128);
+  #pragma unroll
+            for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
+              if constexpr (Traits::kRopeBf16) {
+                if (k >= 32) {  // d 576's RoPE piece: bf16 (traits.h kFp16)
+                  typename Traits::TiledMmaQKRoundBf16 mma_rope;
+                  auto thr_rope = mma_rope.get_thread_slice(t);
+                  auto tSrQb = thr_rope.partition_fragment_A(
+                      make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{}));
+                  auto tSrKb = at_offset(
+                      thr_rope.partition_fragment_B(make_tensor(
+                          make_smem_ptr(smem.k[0]), typename Traits::SmemLayoutKRound{})),
+                      (n % 3) * Traits::kSlotBytes);
+                  mma_rope.accumulate_ = GMMA::ScaleOut::One;
+                  gemm(mma_rope, tSrQb(_, _, k), tSrKb(_, _, k), S_r);
+                  continue;
+                }
+              }
+              mma_qkr.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+              gemm(mma_qkr, tSrQ_r(_, _, k), tSrK_r(_, _, k), S_r);
+            }
+            warpgroup_commit_batch();
+            if (r == 0 && kk > 0) {
+              warpgroup_wait<1>();
+              release_stage(&smem.empty[kSlots ? (n + 2) % 3 : 1], lane,
+                            Traits::kPairSlots);  // round n - 1
+            }
+          }
+        } else {
+          wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
+          // S = Q K^T. The previous tile's PV (issued before it) completes first: its stage goes
+          // back to the producer while this QK^T still runs, so the next fill starts a QK^T
+          // earlier.
+          warpgroup_fence_operand(tSrS);
+          warpgroup_arrive();
+          auto tSrK_s = at_offset(tSrK, stage * Traits::kStageBytes);
+  #pragma unroll
+          for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
+            mma_qk.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+            gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
+          }
+          warpgroup_commit_batch();
+          if (kk > 0) {
+            warpgroup_wait<1>();
+            release_stage(&smem.empty[stage ^ 1], lane, p.pair);
+          }
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        warpgroup_fence_operand(tOrO);
+        // kFp16: key j of the tile (round slot s0 or s1) and its exponent.
+        [[maybe_unused]] auto key_exp = [&](int c) {
+          const int key = get<1>(cS_rc(0, c));
+          return static_cast<int>(
+              smem.key_exp[32 * (key < 32 ? (2 * kk) % 3 : (2 * kk + 1) % 3) + (key & 31)]);
+        };
+        [[maybe_unused]] int e_tile = -60;
+        if constexpr (Traits::kFp16) {  // S back to the true scores; the tile's largest exponent
+          int q_exp[2];
+  #pragma unroll
+          for (int r = 0; r < 2; ++r) q_exp[r] = __float_as_int(smem.row_sum[mrow[r]]);
+  #pragma unroll
+          for (int c = 0; c < size<1>(S); ++c) {
+            const int e = key_exp(c);
+            e_tile = max(e_tile, e);
+  #pragma unroll
+            for (int r = 0; r < 2; ++r) S(r, c) *= exp2_int(q_exp[r] + e);
+          }
+          e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 1));
+          e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 2));
+        }
+        // Keys the producer found invalid (or past the list's count) never count, nor keys past
+        // a row's causal limit (dense mode, s_q > 1).
+        uint64_t valid;
+        if constexpr (Traits::kProducerWarpgroups == 2) {
+          valid = slots_valid8(smem.valid[0], (2 * kk) % 3, (2 * kk + 1) % 3);
+        } else if constexpr (kSlots) {
+          valid = slots_valid(smem.valid[0], (2 * kk) % 3, (2 * kk + 1) % 3);
+        } else {
+          valid = stage_valid(smem.valid[stage]);
+        }
+        const int pos0 = 64 * (range.x + kk);
+        const bool cut_rows = kDense && first_limit - pos0 < 64;
+        if (valid != ~0ull || cut_rows) {
+  #pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int cut = cut_rows ? smem.row_limit[mrow[r]] - pos0 : INT_MAX;
+  #pragma unroll
+            for (int c = 0; c < size<1>(S); ++c) {
+              const int key = get<1>(cS_rc(r, c));
+              if (!((valid >> key) & 1ull) || key >= cut) S(r, c) = -INFINITY;
+            }
+          }
+        }
+        float factor[2], base[2], sum[2];
+  #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float mx = quad_max(row_reduce<true>(S, r));
+          m_true[r] = fmaxf(m_true[r], mx);
+          const float m_new = lazy_max(m_run[r], mx, max_thr);
+          base[r] = max_base(m_new, sl2);
+          factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
+          m_run[r] = m_new;
+        }
+        if constexpr (Traits::kFp16) {
+          // O's units move to the largest exponent so far (its rows times 2^(e_ref - e_next),
+          // beside the softmax factor; the row sums only by that), then P's column j times
+          // 2^(e_j - e_ref) <= 1.
+          int* const e_ref = smem.o_exp + t / 32;
+          const int e_prev = *e_ref, e_next = max(e_prev, e_tile);
+          const float ratio = exp2_int(e_prev - e_next);
+  #pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            l_run[r] *= factor[r];
+            factor[r] *= ratio;
+          }
+          *e_ref = e_next;
+          // (read back each time, volatile: a register held through the softmax spills WG0)
+          softmax_to_p_cols<KElement>(S, tSrS, base, sl2, sum, tOrP, [&](int c) {
+            return exp2_int(key_exp(c) - *static_cast<volatile int*>(e_ref));
+          });
+  #pragma unroll
+          for (int r = 0; r < 2; ++r) l_run[r] += sum[r];
+        } else {
+          softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
+  #pragma unroll
+          for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
+        }
+        if constexpr (kSlots && Traits::kPInKTile) {
+          store_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3),
+                         slot_rope<Traits>(smem, (2 * kk + 1) % 3), tOrP, t);
+        } else {
+          store_p(p_buffer<Traits>(smem, stage), tOrP, t);
+        }
+        smem.rescale[stage][t] = make_float2(factor[0], factor[1]);
+        bar_arrive(stage == 0 ? kBarP0 : kBarP1, 256);
+        rescale_rows_if(O, factor);
+        if constexpr (Traits::kProducerWarpgroups == 2) {
+          const int s0 = (2 * kk) % 3;
+          gemm_pv_by_slots_128<Traits>(mma_pv128, tOrP, at_offset(tOrVs128, s0 * Traits::kSlotBytes),
+                                       at_offset(tOrVs128, (2 * kk + 1) % 3 * Traits::kSlotBytes),
+                                       tOrO);
+          warpgroup_wait<1>();
+          // round 0's keys (round 1's: above)
+          release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
+        } else if constexpr (kSlots) {
+          const int s0 = (2 * kk) % 3;
+          gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
+                           at_offset(tOrVs, (2 * kk + 1) % 3 * Traits::kSlotBytes), tOrO);
+          warpgroup_wait<1>();
+          // round 0's keys (round 1's: above)
+          release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
+        } else if constexpr (Traits::kRing) {
+          gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
+          warpgroup_wait<1>();
+          release_stage(&smem.empty[0], lane, false);  // round 0's keys (round 1's: above)
+        } else {
+          gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
+        }
       }
     }
     wait_pv(tOrO, tOrP);
@@ -757,50 +848,67 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       if (lane % 4 == 0) smem.row_sum[mrow[r]] = l_run[r];
     }
   } else {
-    for (int kk = 0; kk < n_tiles; ++kk) {
-      const int stage = Traits::kRing ? 0 : kk & 1;
-      bar_sync(stage == 0 ? kBarP0 : kBarP1, 256);
-      if constexpr (kSlots) {
-        wait_full(&smem.full[(2 * kk) % 3], (2 * kk / 3) & 1, false);
-        wait_full(&smem.full[(2 * kk + 1) % 3], ((2 * kk + 1) / 3) & 1, false);
-      } else if constexpr (Traits::kRing) {
-        wait_full(&smem.full[0], kk & 1, false);
-        wait_full(&smem.full[1], kk & 1, false);
-      } else {
-        wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
+    if constexpr (Traits::kPairSlots) {  // 32-key tiles, a round each (WG0's branch above)
+      const int n_rounds = 2 * n_tiles;
+      for (int n = 0; n < n_rounds; ++n) {
+        const int s = n % 3;
+        bar_sync(kBarP0, 256);
+        wait_full(&smem.full[s], (n / 3) & 1, false);
+        load_p(round_p_buffer<Traits>(smem, s), tOrPr, t);
+        const float2 f = smem.rescale[0][t];
+        if (n + 1 < n_rounds) bar_arrive(kBarP1, 256);  // WG0 may write round n + 1's
+        const float factor[2] = {f.x, f.y};
+        rescale_rows_if(O, factor);
+        gemm_pv(mma_pv, tOrPr, at_offset(tOrVs, s * Traits::kSlotBytes), tOrO);
+        wait_pv(tOrO, tOrPr);
+        release_stage(&smem.empty[s], lane, true);
       }
-      if constexpr (kSlots && Traits::kPInKTile) {
-        load_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3),
-                      slot_rope<Traits>(smem, (2 * kk + 1) % 3), tOrP, t);
-      } else {
-        load_p(p_buffer<Traits>(smem, stage), tOrP, t);
-      }
-      const float2 f = smem.rescale[stage][t];
-      const float factor[2] = {f.x, f.y};
-      rescale_rows_if(O, factor);
-      if constexpr (kSlots) {  // each round's keys handed back as its P V completes
-        const int s0 = (2 * kk) % 3, s1 = (2 * kk + 1) % 3;
-        if constexpr (Traits::kProducerWarpgroups == 2) {
-          gemm_pv_by_slots_128<Traits>(mma_pv128, tOrP, at_offset(tOrVs128, s0 * Traits::kSlotBytes),
-                                       at_offset(tOrVs128, s1 * Traits::kSlotBytes), tOrO);
+    } else {
+      for (int kk = 0; kk < n_tiles; ++kk) {
+        const int stage = Traits::kRing ? 0 : kk & 1;
+        bar_sync(stage == 0 ? kBarP0 : kBarP1, 256);
+        if constexpr (kSlots) {
+          wait_full(&smem.full[(2 * kk) % 3], (2 * kk / 3) & 1, false);
+          wait_full(&smem.full[(2 * kk + 1) % 3], ((2 * kk + 1) / 3) & 1, false);
+        } else if constexpr (Traits::kRing) {
+          wait_full(&smem.full[0], kk & 1, false);
+          wait_full(&smem.full[1], kk & 1, false);
         } else {
-          gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
-                           at_offset(tOrVs, s1 * Traits::kSlotBytes), tOrO);
+          wait_full(&smem.full[stage], (kk >> 1) & 1, p.pair);
         }
-        warpgroup_wait<1>();
-        release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
-        wait_pv(tOrO, tOrP);
-        release_stage(&smem.empty[s1], lane, Traits::kPairSlots);
-      } else if constexpr (Traits::kRing) {  // each round's keys handed back as its P V completes
-        gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
-        warpgroup_wait<1>();
-        release_stage(&smem.empty[0], lane, false);
-        wait_pv(tOrO, tOrP);
-        release_stage(&smem.empty[1], lane, false);
-      } else {
-        gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
-        wait_pv(tOrO, tOrP);
-        release_stage(&smem.empty[stage], lane, p.pair);
+        if constexpr (kSlots && Traits::kPInKTile) {
+          load_p_halves(slot_rope<Traits>(smem, (2 * kk) % 3),
+                        slot_rope<Traits>(smem, (2 * kk + 1) % 3), tOrP, t);
+        } else {
+          load_p(p_buffer<Traits>(smem, stage), tOrP, t);
+        }
+        const float2 f = smem.rescale[stage][t];
+        const float factor[2] = {f.x, f.y};
+        rescale_rows_if(O, factor);
+        if constexpr (kSlots) {  // each round's keys handed back as its P V completes
+          const int s0 = (2 * kk) % 3, s1 = (2 * kk + 1) % 3;
+          if constexpr (Traits::kProducerWarpgroups == 2) {
+            gemm_pv_by_slots_128<Traits>(mma_pv128, tOrP, at_offset(tOrVs128, s0 * Traits::kSlotBytes),
+                                         at_offset(tOrVs128, s1 * Traits::kSlotBytes), tOrO);
+          } else {
+            gemm_pv_by_slots(mma_pv, tOrP, at_offset(tOrVs, s0 * Traits::kSlotBytes),
+                             at_offset(tOrVs, s1 * Traits::kSlotBytes), tOrO);
+          }
+          warpgroup_wait<1>();
+          release_stage(&smem.empty[s0], lane, Traits::kPairSlots);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[s1], lane, Traits::kPairSlots);
+        } else if constexpr (Traits::kRing) {  // each round's keys handed back as its P V completes
+          gemm_pv_by_round(mma_pv, tOrP, tOrV, tOrO);
+          warpgroup_wait<1>();
+          release_stage(&smem.empty[0], lane, false);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[1], lane, false);
+        } else {
+          gemm_pv(mma_pv, tOrP, at_offset(tOrV, stage * Traits::kStageBytes), tOrO);
+          wait_pv(tOrO, tOrP);
+          release_stage(&smem.empty[stage], lane, p.pair);
+        }
       }
     }
   }

@@ -1520,9 +1520,15 @@ __device__ __forceinline__ void produce_by_ring_pair(const SparseDecodeParams& p
       }
       const uint32_t mask_words = smem_u32(&smem.valid[0][4 * s]);
       bulk_to_peer(peer_addr(mask_words, peer), mask_words, 16, peer_bar);
-      asm volatile("cp.async.bulk.commit_group;\n\tcp.async.bulk.wait_group.read 0;" ::: "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      // At d 576 WG0 writes P over the slot's RoPE piece once the round's QK^T is done: the
+      // round goes to the consumers only once the copy has read it. At d 512 nothing writes
+      // the slot before its next fill, which waits for both CTAs' consumers, hence for the copy.
+      if constexpr (Traits::kPInKTile) {
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      }
     }
-    attention::bar_sync(kBarFill, 128);  // the copy has read the slot
+    if constexpr (Traits::kPInKTile) attention::bar_sync(kBarFill, 128);  // the copy read it
     if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[s]);
   }
   asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight

@@ -114,6 +114,10 @@ struct SparseDecodeTraits
                                  cute::Shape<cute::_64, cute::_32, cute::_64>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>()));
   static constexpr bool kRopeBf16 = kFp16 && kHeadDimQK == 576;
+  // The slots in a CTA pair (kPairSlots) run 32-key tiles: P of a round (64 x 32) as the A
+  // operand of a P V over one slot. Only its shape matters.
+  using SmemLayoutPRound = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Element>{},
+                                                        cute::Shape<cute::_64, cute::_32>{}));
   // Two producer warpgroups (kRing_ 4): the kernel is compiled for 128 registers a thread (512
   // threads), too few for one 64 x 256 wgmma's operands (ptxas C7602), so a warpgroup's P V is
   // two 64 x 128 groups, each over 2 pieces of a slot's V.
@@ -138,10 +142,13 @@ struct SparseDecodeTraits
   // mode's (its producer, decoding from shared memory, fits 88).
   // kFp16: WG0 also scales S and P by the keys' exponents: 256, its producer 72.
   // Two producer warpgroups (kRing_ 4): 240 + 176 + 2 x 48 = 512 a thread slot of 512 threads.
-  static constexpr int kWg0Registers = kSeesaw ? 232 : kFp16 ? 256 : kDense || kRing ? 240 : 232;
+  // The slots in a CTA pair (kPairSlots): WG0's 32-key tiles hold half the S and P registers, so
+  // 232, and the producer 96 (at 88 its decode spilled at d 576).
+  static constexpr int kWg0Registers =
+      kSeesaw || kPairSlots ? 232 : kFp16 ? 256 : kDense || kRing ? 240 : 232;
   static constexpr int kWg1Registers = kSeesaw ? 232 : 176;
   static constexpr int kProducerRegisters =
-      kSeesaw ? 40 : kFp16 ? 72 : kRing_ == 4 ? 48 : kDense || kRing ? 88 : 96;
+      kSeesaw ? 40 : kFp16 ? 72 : kRing_ == 4 ? 48 : kPairSlots ? 96 : kDense || kRing ? 88 : 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
