@@ -59,7 +59,7 @@ if [[ -f "$OUT/summary.txt" ]]; then
   grep -q "^gpu_tests_paired *FAIL" "$OUT/summary.txt" && failed_switches+=" PAIR=1"
   grep -q "^gpu_tests_fp16 *FAIL" "$OUT/summary.txt" && failed_switches+=" FP16="
   grep -q "^gpu_tests_wide.* *FAIL" "$OUT/summary.txt" && failed_switches+=" WIDE="
-  grep -q "^gpu_tests_pair_slots_off *FAIL" "$OUT/summary.txt" && failed_switches+=" PAIRSLOTS="
+  grep -q "^gpu_tests_pair_slots *FAIL" "$OUT/summary.txt" && failed_switches+=" PAIRSLOTS="
 fi
 ab_args() {
   local a f

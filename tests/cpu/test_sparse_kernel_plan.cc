@@ -54,19 +54,19 @@ TEST(SparseKernelPlan, Bf16DecodeKeepsThePlainOrdersWithTheGroupFill) {
 
 TEST(SparseKernelPlan, TheTokenFillStreamsWhereItMeasuredFaster) {
   using F = SparseFillFormat;
-  // Sparse mode, the register fills (with the ring off, which the fp8 formats and the pairs
-  // otherwise take): fp8_v32 unpaired round by round, paired streamed; fp8_model1 / fp8_mx
-  // streamed; fp4 round by round.
+  // Sparse mode, the register fills (CTA pairs; unpaired grids with the ring off, which the fp8
+  // formats otherwise take): fp8_v32 unpaired round by round, paired streamed; fp8_model1 /
+  // fp8_mx streamed; fp4 round by round.
   SparseKernelSwitches no_ring;
   no_ring.ring = 0;
   EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1), no_ring).stream, 0);
-  const SparseKernelPlan v32_pair = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), no_ring);
+  const SparseKernelPlan v32_pair = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), {});
   EXPECT_TRUE(v32_pair.pair);
   EXPECT_EQ(v32_pair.stream, 1);
   for (int m : {1, 2}) {
     EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_Model1, 512, m), no_ring).stream, 1);
     EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_MX, 512, m), no_ring).stream, 1);
-    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, m), no_ring).stream, 0);
+    EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, m), {}).stream, 0);
   }
   // Dense mode: every fp8 format streamed, fp4 not.
   EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1, true), {}).stream, 1);
@@ -107,7 +107,6 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   for (int form : {0, 1}) {
     sw = {};
     sw.stream = form;
-    sw.ring = 0;  // (the ring's kernels and the paired slots have no register fill)
     EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP4, 512, 1), sw).stream, form);
     EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_Model1, 512, 2), sw).stream, form);
   }
@@ -131,59 +130,38 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
     return plan_sparse_kernel(s, sw);
   };
   // Sparse mode: the fp8 formats, any split, in three round slots but fp8_v32's one-tile splits
-  // (one stage).
+  // (one stage); h_q 128 unpaired for it on splits of 4+ tiles.
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
     for (int tiles : {2, 3, 4, 16, 32}) EXPECT_EQ(ring(f, 1, false, tiles).ring, 2);
     EXPECT_EQ(ring(f, 1, false, 32).stream, 0);  // a register fill: not in the ring's kernel
     EXPECT_EQ(ring(f, 1, false, 1).ring, f == F::kFP8_V32 ? 1 : 2);  // one-tile splits
+    const SparseKernelPlan h128 = ring(f, 2, false, 32);
+    EXPECT_FALSE(h128.pair);
+    EXPECT_EQ(h128.ring, 2);
+    EXPECT_TRUE(ring(f, 2, false, 2).pair);  // short splits keep the pair (not measured)
+    EXPECT_EQ(ring(f, 2, false, 2).ring, 0);
   }
-  // fp4: splits of 4+ tiles.
+  // fp4: splits of 4+ tiles, unpaired grids only (the pair at h_q 128: the slots 0.93x there).
   EXPECT_EQ(ring(F::kFP4, 1, false, 4).ring, 2);
   EXPECT_EQ(ring(F::kFP4, 1, false, 32).ring, 2);
   EXPECT_EQ(ring(F::kFP4, 1, false, 2).ring, 0);
-  // Dense mode: splits of 4+ tiles in the slots (fp8_v32 at most 16).
+  EXPECT_TRUE(ring(F::kFP4, 2, false, 32).pair);
+  EXPECT_EQ(ring(F::kFP4, 2, false, 32).ring, 0);
+  // Dense mode: splits of 4+ tiles in the slots (fp8_v32 at most 16); two m-blocks unpaired in
+  // them on the fp8 formats' splits of 4-16 tiles, paired on longer ones and for fp4.
   for (F f : {F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
     for (int tiles : {4, 16, 64, 512}) EXPECT_EQ(ring(f, 1, true, tiles).ring, 2);
     EXPECT_EQ(ring(f, 1, true, 2).ring, 0);
+    EXPECT_TRUE(ring(f, 2, true, 64).pair);
+    EXPECT_EQ(ring(f, 2, true, 8).pair, f == F::kFP4);
   }
   EXPECT_EQ(ring(F::kFP8_V32, 1, true, 16).ring, 2);
   EXPECT_EQ(ring(F::kFP8_V32, 1, true, 64).ring, 0);
   EXPECT_EQ(ring(F::kFP8_V32, 1, true, 2).ring, 0);
-  // Two m-blocks (h_q 128, the dense mode's packed rows), every format, any split: the slots in
-  // a CTA pair.
-  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
-    for (bool dense : {false, true}) {
-      for (int tiles : {1, 2, 4, 16, 32, 64}) {
-        const SparseKernelPlan h128 = ring(f, 2, dense, tiles);
-        EXPECT_TRUE(h128.pair);
-        EXPECT_EQ(h128.ring, 5);
-        EXPECT_EQ(h128.stream, 0);
-      }
-    }
-  }
-  // OPENMLA_SPARSE_PAIRSLOTS=0: the earlier forms of two m-blocks. Sparse mode: unpaired in the
-  // slots on the fp8 formats' splits of 4+ tiles, the pair on shorter ones and for fp4; dense
-  // mode: unpaired in the slots on the fp8 formats' splits of 4-16 tiles, the pair on longer
-  // ones and for fp4.
-  SparseKernelSwitches earlier;
-  earlier.pair_slots = 0;
-  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
-    const SparseKernelPlan h128 = ring(f, 2, false, 32, earlier);
-    EXPECT_FALSE(h128.pair);
-    EXPECT_EQ(h128.ring, 2);
-    EXPECT_TRUE(ring(f, 2, false, 2, earlier).pair);
-    EXPECT_EQ(ring(f, 2, false, 2, earlier).ring, 0);
-  }
-  EXPECT_TRUE(ring(F::kFP4, 2, false, 32, earlier).pair);
-  EXPECT_EQ(ring(F::kFP4, 2, false, 32, earlier).ring, 0);
-  for (F f : {F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
-    EXPECT_TRUE(ring(f, 2, true, 64, earlier).pair);
-    EXPECT_EQ(ring(f, 2, true, 8, earlier).pair, f == F::kFP4);
-  }
-  EXPECT_FALSE(ring(F::kFP8_V32, 2, true, 16, earlier).pair);
-  EXPECT_EQ(ring(F::kFP8_V32, 2, true, 16, earlier).ring, 2);
-  EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 32, earlier).pair);
-  EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 2, earlier).pair);
+  EXPECT_FALSE(ring(F::kFP8_V32, 2, true, 16).pair);
+  EXPECT_EQ(ring(F::kFP8_V32, 2, true, 16).ring, 2);
+  EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 32).pair);
+  EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 2).pair);
   // The switches: the ring off anywhere (the pairs back); on wherever the kernel runs
   // (unpaired, one format), in the slots unless OPENMLA_SPARSE_SLOTS=0.
   SparseKernelSwitches off;
@@ -257,8 +235,7 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   }
   EXPECT_EQ(dense_rows(F::kFP8_Model1, 16, 64, wide).ring, 4);  // over the fp16 default too
   EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, wide).ring, 1);     // not the one-stage form
-  // The slots in a CTA pair (form 5, paired), forced: on grids of two m-blocks, over any other
-  // form's switch.
+  // The slots in a CTA pair (form 5, paired): by the switch, on grids of two m-blocks.
   SparseKernelSwitches pair_slots;
   pair_slots.pair_slots = 1;
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
@@ -268,9 +245,6 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
       EXPECT_EQ(pl.ring, 5);
       EXPECT_EQ(pl.stream, 0);
       EXPECT_EQ(ring(f, 1, dense, 32, pair_slots).pair, false);  // one m-block: no pair
-      SparseKernelSwitches over_ring = pair_slots;
-      over_ring.ring = 1;
-      EXPECT_EQ(ring(f, 2, dense, 32, over_ring).ring, 5);
     }
   }
   pair_slots.pair = 0;  // the pairs off win
