@@ -267,6 +267,9 @@ if [[ -z "${GTEST_FILTER:-}" ]]; then
   switch_tests wide 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1' 'Sparse*:DenseDecodeKVCache*'
   switch_tests wide_unpaired 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
     'Sparse*:DenseDecodeKVCache*'
+  # Sparse prefill's dequant-once marking by a write-back cache (OPENMLA_PREFILL_MARK=writeback,
+  # opt-in until timed), on every from-cache prefill test.
+  switch_tests mark_writeback OPENMLA_PREFILL_MARK=writeback 'SparsePrefill*:PrefillDequantOnce*'
   # The round slots in a CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1, opt-in) on every grid of two
   # m-blocks; its 32-key tiles round the softmax's sums differently from the unpaired 64-key
   # tiles, so not the pair's bit-for-bit test.

@@ -11,9 +11,10 @@
 #                                  one device call: the machine is released 30 s after a call)
 #
 # Settings (environment; defaults in brackets: the A/Bs waiting for a device, session 32):
-#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_PREFILL_DEQUANT_ONCE=0 (the FP8-cache
-#                rows' direct path, against the default that dequantises each named slot once;
-#                the bf16 rows ignore it)]
+#   PREFILL_AB   --ab settings of the prefill rows [OPENMLA_PREFILL_MARK=writeback
+#                OPENMLA_PREFILL_DEQUANT_ONCE=0 (the FP8-cache rows' write-back marking, and their
+#                direct path, against the default that dequantises each named slot once after
+#                marking the slots through a read-only filter; the bf16 rows ignore both)]
 #   DECODE=0     skips the decode rows
 #   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
 #   DECODE_AB    --ab settings of the decode rows [none: the default alone]
@@ -50,28 +51,29 @@ bench="$ROOT/bench/sparse_decode_vs_flashmla.py"
 # so a deadlock costs no benchmark step its whole time limit.
 failed_switches=""
 if [[ -f "$OUT/summary.txt" ]]; then
-  # (each entry is the start of the settings it rules out)
-  grep -q "^gpu_tests_stagger *FAIL" "$OUT/summary.txt" && failed_switches+=" STAGGER="
-  grep -q "^gpu_tests_stream *FAIL" "$OUT/summary.txt" && failed_switches+=" STREAM="
-  grep -q "^gpu_tests_groups *FAIL" "$OUT/summary.txt" && failed_switches+=" GROUPS="
-  grep -q "^gpu_tests_ring *FAIL" "$OUT/summary.txt" && failed_switches+=" RING=1"
-  grep -q "^gpu_tests_one_stage.* *FAIL" "$OUT/summary.txt" && failed_switches+=" SLOTS="
-  grep -q "^gpu_tests_paired *FAIL" "$OUT/summary.txt" && failed_switches+=" PAIR=1"
-  grep -q "^gpu_tests_fp16 *FAIL" "$OUT/summary.txt" && failed_switches+=" FP16="
-  grep -q "^gpu_tests_wide.* *FAIL" "$OUT/summary.txt" && failed_switches+=" WIDE="
-  grep -q "^gpu_tests_pair_slots *FAIL" "$OUT/summary.txt" && failed_switches+=" PAIRSLOTS="
+  # (each entry is the start of the settings it rules out: a whole variable name and its "=")
+  grep -q "^gpu_tests_stagger *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_STAGGER="
+  grep -q "^gpu_tests_stream *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_STREAM="
+  grep -q "^gpu_tests_groups *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_GROUPS="
+  grep -q "^gpu_tests_ring *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_RING=1"
+  grep -q "^gpu_tests_one_stage.* *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_SLOTS="
+  grep -q "^gpu_tests_paired *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_PAIR=1"
+  grep -q "^gpu_tests_fp16 *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_FP16="
+  grep -q "^gpu_tests_wide.* *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_WIDE="
+  grep -q "^gpu_tests_pair_slots *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_SPARSE_PAIRSLOTS="
+  grep -q "^gpu_tests_mark_writeback *FAIL" "$OUT/summary.txt" && failed_switches+=" OPENMLA_PREFILL_MARK="
 fi
 ab_args() {
   local a f
   for a in $1; do
-    for f in $failed_switches; do [[ "$a" == *"OPENMLA_SPARSE_$f"* ]] && continue 2; done
+    for f in $failed_switches; do [[ "$a" == *"$f"* ]] && continue 2; done
     printf -- '--ab %s ' "$a"
   done
 }
 [[ -n "$failed_switches" ]] && echo "left out (their GPU tests failed):$failed_switches" | tee "$OUT/ab_prefill.txt"
 
 if [[ "${PREFILL:-1}" != 0 ]]; then
-  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_PREFILL_DEQUANT_ONCE=0}")"
+  read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_PREFILL_MARK=writeback OPENMLA_PREFILL_DEQUANT_ONCE=0}")"
   lim=$(left); [[ $lim -gt 240 ]] && lim=240
   timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" --icache "${ICACHE:-cold}" "${prefill_ab[@]}" \
     >>"$OUT/ab_prefill.txt" 2>&1
