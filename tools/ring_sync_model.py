@@ -134,11 +134,11 @@ def producer_pair(w: World, rank: int):
             names = [f"keys{i}", f"valid{i}"] + ([f"rope{i}"] if w.d576 else [])
             for name in names:
                 w.write(name, ("round", n))
-            copy = {"slot": i, "names": names, "read": None}
-            w.copies.append(copy)
-            if w.d576 and w.mut != "arrive_before_copy_read":
-                yield lambda c=copy: c["read"] is not None  # cp.async.bulk.wait_group.read 0
-            for _ in range(4):
+            for _ in range(4):  # each warp copies its own rows (a unit) and arrives
+                copy = {"slot": i, "names": names, "read": None}
+                w.copies.append(copy)
+                if w.d576 and w.mut != "arrive_before_copy_read":
+                    yield lambda c=copy: c["read"] is not None  # cp.async.bulk.wait_group.read 0
                 w.arrive_full(i)
         else:
             for _ in range(4):
@@ -148,7 +148,7 @@ def producer_pair(w: World, rank: int):
 def copy_engine(w: World):
     """The bulk copies this CTA's producer issues, in issue order: each reads its source at some
     point after its issue, and lands in the peer at some later point."""
-    for _ in range(w.n_tiles):  # this CTA's rounds: one of each tile's two
+    for _ in range(4 * w.n_tiles):  # this CTA's rounds (one of each tile's two), a copy a warp
         yield lambda: bool(w.copies)
         copy = w.copies[0]
         copy["read"] = {name: w.buf.get(name) for name in copy["names"]}
@@ -156,7 +156,7 @@ def copy_engine(w: World):
         w.copies.pop(0)
         for name, value in copy["read"].items():
             w.peer.write(name, value)
-        w.peer.complete_tx(copy["slot"], 4)
+        w.peer.complete_tx(copy["slot"], 1)
 
 
 def consumer(w: World, wg: int):
@@ -234,7 +234,8 @@ def consumer_rounds(w: World, wg: int):
     """The pair's compute warpgroups (kernel.cuh consume, kPairSlots): 32-key tiles, round n in
     slot n % 3; P of a round in the slot's RoPE piece (d 576) or the one P buffer (d 512), the
     factors in one buffer; named barrier P0 (WG0 -> WG1: round n's P is written) and P1 (WG1 ->
-    WG0: round n's P and factors are taken; not after the last round)."""
+    WG0: round n's P and factors are taken; not after the last round). Each warpgroup hands a
+    round back once its own P V over it is done. The producers' copies go a warp at a time."""
     who = f"WG{wg}"
     rounds = 2 * w.n_tiles
     groups: list[list] = []
@@ -264,9 +265,6 @@ def consumer_rounds(w: World, wg: int):
         if wg == 0:
             yield lambda i=i, use=use: w.ready(w.full, i, use & 1)
             groups.append(keys + ([(f"rope{i}", ("round", n))] if w.d576 else []))  # QK^T
-            if n > 0:
-                wait_groups(1)  # round n - 1's P V
-                release(n - 1)
             wait_groups(0)
             w.read(f"valid{i}", ("round", n), who)
             if n > 0 and w.mut != "p_without_handshake":
@@ -276,6 +274,13 @@ def consumer_rounds(w: World, wg: int):
             w.write("factors", ("round", n))
             bar_arrive(0)
             groups.append(keys)  # P V over the round (from registers)
+            if w.mut == "wg0_releases_before_its_pv":
+                release(n)
+                yield lambda: True  # (the producers may run here)
+                wait_groups(0)
+            else:
+                wait_groups(0)  # the round's P V done: the round goes back
+                release(n)
         else:
             yield lambda n=n: w.p_gen[0] >= n + 1  # bar.sync P0
             w.p_synced[0] += 1
@@ -304,12 +309,10 @@ def run_pair(n_tiles, d576, rng, mutation=""):
         agents[f"WG0.{r}"] = consumer_rounds(w, 0)
         agents[f"WG1.{r}"] = consumer_rounds(w, 1)
     run_agents(agents, rng)
-    last = cta[0].where(2 * n_tiles - 1)[0] if n_tiles else -1
     for r in range(2):
         for i in range(3):
-            # the last round: WG0 never hands it back, in either CTA (4 arrivals from each)
-            expect = (8 if mutation != "release_local_only" else 4) if i == last else 0
-            if cta[r].empty[i][0] != expect:
+            # every round handed back by both warpgroups of both CTAs
+            if cta[r].empty[i][0] != 0:
                 raise Finding(f"CTA {r} empty barrier {i} ends with {cta[r].empty[i][0]} arrivals")
             if cta[r].full[i][0] != 0 or cta[r].full[i][2] != 0:
                 raise Finding(f"CTA {r} full barrier {i} ends with {cta[r].full[i]}")
@@ -334,7 +337,7 @@ MUTATIONS = ("p_in_wrong_slot", "wg0_releases_before_its_pv", "wg1_releases_befo
 # 576 P overwrites the RoPE piece the copy still has to read).
 # P written before WG1 took the previous round's (no P1 handshake).
 PAIR_MUTATIONS = ("release_local_only", "no_expect_tx", "arrive_before_copy_read",
-                  "p_without_handshake")
+                  "p_without_handshake", "wg0_releases_before_its_pv")
 
 
 def main(argv) -> int:

@@ -89,7 +89,8 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   // The slots in a CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1; 32-key tiles, each CTA decoding every
   // other round; sparse_decode/NOTES.md), on every grid of two m-blocks a pair can serve, unless
   // the pairs are off. By the switch only: the forms above measured 1.03-1.19x faster on every
-  // h_q 128 row (H100, ef9eda8, same run).
+  // h_q 128 row (H100, ef9eda8, same run; its per-warp copies and earlier hand-back since then
+  // not yet timed).
   if (sw.pair_slots == 1 && plan.fill_for_format && shape.m_blocks % 2 == 0 && sw.pair != 0) {
     plan.pair = true;
     plan.ring = 5;

@@ -608,7 +608,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
       // tiles it waited for the tile holding the slot's previous round: each tile's second
       // round was decoded only once the previous tile was done, in series with the MMAs.)
       // P and the row factors cross to WG1 a round at a time: WG0 writes round n + 1's only
-      // after WG1 took round n's (named barrier P1).
+      // after WG1 took round n's (named barrier P1). WG0 hands each round back after its own
+      // P V (below).
       const int n_rounds = 2 * n_tiles;
       for (int n = 0; n < n_rounds; ++n) {
         const int s = n % 3;
@@ -623,10 +624,6 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           gemm(mma_qkr, tSrQ_r(_, _, k), tSrK_r(_, _, k), tSrSr);
         }
         warpgroup_commit_batch();
-        if (n > 0) {
-          warpgroup_wait<1>();  // round n - 1's P V
-          release_stage(&smem.empty[(n + 2) % 3], lane, true);
-        }
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrSr);
         warpgroup_fence_operand(tOrO);
@@ -663,8 +660,12 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         bar_arrive(kBarP0, 256);
         rescale_rows_if(O, factor);
         gemm_pv(mma_pv, tOrPr, at_offset(tOrVs, s * Traits::kSlotBytes), tOrO);
+        // The round goes back as soon as its P V is done, not under the next round's QK^T: so
+        // the slot of round n + 3 never waits for round n + 1 to arrive (the paired slots lost
+        // 13-15% with that wait on their chain: NOTES.md).
+        wait_pv(tOrO, tOrPr);
+        release_stage(&smem.empty[s], lane, true);
       }
-      wait_pv(tOrO, tOrPr);
     } else {
       for (int kk = 0; kk < n_tiles; ++kk) {
         const int stage = Traits::kRing ? 0 : kk & 1;

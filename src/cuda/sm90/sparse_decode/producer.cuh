@@ -1509,27 +1509,31 @@ __device__ __forceinline__ void produce_by_ring_pair(const SparseDecodeParams& p
                                                         in_slot, row0);
     store_round_mask(ok, lane, &smem.valid[0][4 * s + warp]);
     fence_async_smem();  // the generic stores before wgmma's and the bulk copy's reads
-    attention::bar_sync(kBarFill, 128);  // all four warps' rows stored
-    if (warp == 0 && lane == 0) {
-      const uint32_t src = smem_u32(in_slot.local), peer = rank ^ 1;
+    __syncwarp();
+    // Each warp sends its own rows as soon as they are stored: rows 8 w .. 8 w + 7 of every
+    // piece (1 KB each, contiguous) by bulk copies and its mask word by st.async, a quarter of
+    // the bytes the peer's full barrier expects (no named barrier across the four warps).
+    if (lane == 0) {
+      const uint32_t peer = rank ^ 1;
       const uint32_t peer_bar = peer_addr(smem_u32(&smem.full[s]), peer);
+      const uint32_t src = smem_u32(in_slot.local) + warp * 8 * 128;
 #pragma unroll 1
       for (int e = 0; e < Traits::kNumPieces; ++e) {
-        const uint32_t piece = src + e * Traits::kSlotPieceBytes;
-        bulk_to_peer(peer_addr(piece, peer), piece, Traits::kSlotPieceBytes, peer_bar);
+        const uint32_t rows = src + e * Traits::kSlotPieceBytes;
+        bulk_to_peer(peer_addr(rows, peer), rows, 8 * 128, peer_bar);
       }
-      const uint32_t mask_words = smem_u32(&smem.valid[0][4 * s]);
-      bulk_to_peer(peer_addr(mask_words, peer), mask_words, 16, peer_bar);
+      const uint32_t* mask_word = &smem.valid[0][4 * s + warp];
+      st_async_peer(peer_addr(smem_u32(mask_word), peer), *mask_word, peer_bar);
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
       // At d 576 WG0 writes P over the slot's RoPE piece once the round's QK^T is done: the
-      // round goes to the consumers only once the copy has read it. At d 512 nothing writes
-      // the slot before its next fill, which waits for both CTAs' consumers, hence for the copy.
+      // warp hands its rows to the consumers only once its copies have read them. At d 512
+      // nothing writes the slot before its next fill, which waits for both CTAs' consumers,
+      // hence for the copies.
       if constexpr (Traits::kPInKTile) {
         asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
       }
+      cutlass::arch::ClusterBarrier::arrive(&smem.full[s]);
     }
-    if constexpr (Traits::kPInKTile) attention::bar_sync(kBarFill, 128);  // the copy read it
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&smem.full[s]);
   }
   asm volatile("cp.async.wait_all;" ::: "memory");  // no thread leaves with copies in flight
 }
