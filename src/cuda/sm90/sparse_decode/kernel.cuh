@@ -672,7 +672,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         if constexpr (Traits::kRing) {
           // S = Q K^T round by round, each as soon as its keys are decoded; the previous tile's
           // P V over round 1 (issued before) completes under round 0's and hands round 1 back.
-  #pragma unroll
+#pragma unroll
           for (int r = 0; r < 2; ++r) {
             Tensor S_r = make_tensor(tSrS.data() + r * size(tSrSr), tSrSr.layout());
             const int n = 2 * kk + r;  // (the round slots: round n is in slot n % 3)
@@ -682,7 +682,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
             // (Q's descriptors formed afresh each round: held across both, they spill WG0)
             auto tSrQ_r = at_offset(tSrQr, 0);
             auto tSrK_r = at_offset(tSrKr, kSlots ? (n % 3) * Traits::kSlotBytes : r * 32 * 128);
-  #pragma unroll
+#pragma unroll
             for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
               if constexpr (Traits::kRopeBf16) {
                 if (k >= 32) {  // d 576's RoPE piece: bf16 (traits.h kFp16)
@@ -717,7 +717,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           warpgroup_fence_operand(tSrS);
           warpgroup_arrive();
           auto tSrK_s = at_offset(tSrK, stage * Traits::kStageBytes);
-  #pragma unroll
+#pragma unroll
           for (int k = 0; k < Traits::kHeadDimQK / 16; ++k) {
             mma_qk.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
             gemm(mma_qk, tSrQ(_, _, k), tSrK_s(_, _, k), tSrS);
@@ -740,13 +740,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         [[maybe_unused]] int e_tile = -60;
         if constexpr (Traits::kFp16) {  // S back to the true scores; the tile's largest exponent
           int q_exp[2];
-  #pragma unroll
+#pragma unroll
           for (int r = 0; r < 2; ++r) q_exp[r] = __float_as_int(smem.row_sum[mrow[r]]);
-  #pragma unroll
+#pragma unroll
           for (int c = 0; c < size<1>(S); ++c) {
             const int e = key_exp(c);
             e_tile = max(e_tile, e);
-  #pragma unroll
+#pragma unroll
             for (int r = 0; r < 2; ++r) S(r, c) *= exp2_int(q_exp[r] + e);
           }
           e_tile = max(e_tile, __shfl_xor_sync(0xffffffffu, e_tile, 1));
@@ -765,10 +765,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         const int pos0 = 64 * (range.x + kk);
         const bool cut_rows = kDense && first_limit - pos0 < 64;
         if (valid != ~0ull || cut_rows) {
-  #pragma unroll
+#pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int cut = cut_rows ? smem.row_limit[mrow[r]] - pos0 : INT_MAX;
-  #pragma unroll
+#pragma unroll
             for (int c = 0; c < size<1>(S); ++c) {
               const int key = get<1>(cS_rc(r, c));
               if (!((valid >> key) & 1ull) || key >= cut) S(r, c) = -INFINITY;
@@ -776,7 +776,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           }
         }
         float factor[2], base[2], sum[2];
-  #pragma unroll
+#pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float mx = quad_max(row_reduce<true>(S, r));
           m_true[r] = fmaxf(m_true[r], mx);
@@ -792,7 +792,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           int* const e_ref = smem.o_exp + t / 32;
           const int e_prev = *e_ref, e_next = max(e_prev, e_tile);
           const float ratio = exp2_int(e_prev - e_next);
-  #pragma unroll
+#pragma unroll
           for (int r = 0; r < 2; ++r) {
             l_run[r] *= factor[r];
             factor[r] *= ratio;
@@ -802,11 +802,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
           softmax_to_p_cols<KElement>(S, tSrS, base, sl2, sum, tOrP, [&](int c) {
             return exp2_int(key_exp(c) - *static_cast<volatile int*>(e_ref));
           });
-  #pragma unroll
+#pragma unroll
           for (int r = 0; r < 2; ++r) l_run[r] += sum[r];
         } else {
           softmax_to_p<Element>(S, tSrS, base, sl2, sum, tOrP);
-  #pragma unroll
+#pragma unroll
           for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
         }
         if constexpr (kSlots && Traits::kPInKTile) {
