@@ -62,32 +62,38 @@ __device__ __forceinline__ int32_t index_at(const IndexRows& r, int64_t t, int64
 constexpr int kFilterEntries = 4096;  // 32 KB
 constexpr int kMarkBlocksPerSm = 4;
 constexpr int kMarkLoads = 4;
-__global__ void __launch_bounds__(kThreads) mark_named_slots(const IndexRows r, uint32_t* bitmap) {
-  __shared__ unsigned long long filter[kFilterEntries];
-  for (int i = threadIdx.x; i < kFilterEntries; i += kThreads) filter[i] = ~0ull;  // no word
-  __syncthreads();
+// Each valid index of the tokens this block walks, as mark(slot): a thread loads kMarkLoads
+// indices before marking any, to keep enough reads in flight.
+template <int kBlockThreads, class Mark>
+__device__ __forceinline__ void for_each_named_slot(const IndexRows& r, Mark&& mark) {
   for (int64_t t = blockIdx.x; t < r.s_q; t += gridDim.x) {
     const int64_t len = kept(r, t);
-    for (int64_t k0 = threadIdx.x; k0 < len; k0 += kMarkLoads * kThreads) {
+    for (int64_t k0 = threadIdx.x; k0 < len; k0 += kMarkLoads * kBlockThreads) {
       int32_t slots[kMarkLoads];
 #pragma unroll
       for (int j = 0; j < kMarkLoads; ++j) {
-        const int64_t k = k0 + j * kThreads;
+        const int64_t k = k0 + j * kBlockThreads;
         slots[j] = k < len ? index_at(r, t, k) : -1;
       }
 #pragma unroll
       for (int j = 0; j < kMarkLoads; ++j) {
-        const int32_t slot = slots[j];
-        if (slot < 0 || slot >= r.num_slots) continue;  // never a row
-        const uint32_t w = static_cast<uint32_t>(slot) >> 5, bit = 1u << (slot & 31);
-        unsigned long long* entry = filter + (w & (kFilterEntries - 1));
-        const unsigned long long e = *entry;
-        if ((e >> 32) == w && (e & bit) != 0) continue;
-        const uint32_t set = atomicOr(bitmap + w, bit) | bit;
-        *entry = static_cast<unsigned long long>(w) << 32 | set;
+        if (slots[j] >= 0 && slots[j] < r.num_slots) mark(slots[j]);  // else never a row
       }
     }
   }
+}
+__global__ void __launch_bounds__(kThreads) mark_named_slots(const IndexRows r, uint32_t* bitmap) {
+  __shared__ unsigned long long filter[kFilterEntries];
+  for (int i = threadIdx.x; i < kFilterEntries; i += kThreads) filter[i] = ~0ull;  // no word
+  __syncthreads();
+  for_each_named_slot<kThreads>(r, [&](int32_t slot) {
+    const uint32_t w = static_cast<uint32_t>(slot) >> 5, bit = 1u << (slot & 31);
+    unsigned long long* entry = filter + (w & (kFilterEntries - 1));
+    const unsigned long long e = *entry;
+    if ((e >> 32) == w && (e & bit) != 0) return;
+    const uint32_t set = atomicOr(bitmap + w, bit) | bit;
+    *entry = static_cast<unsigned long long>(w) << 32 | set;
+  });
 }
 
 // Step 1 with a write-back cache (OPENMLA_PREFILL_MARK=writeback; not yet timed: the next lever
@@ -124,23 +130,9 @@ __global__ void __launch_bounds__(kMarkCacheThreads)
   __shared__ unsigned long long cache[kFilterEntries];
   for (int i = threadIdx.x; i < kFilterEntries; i += kMarkCacheThreads) cache[i] = ~0ull;
   __syncthreads();
-  for (int64_t t = blockIdx.x; t < r.s_q; t += gridDim.x) {
-    const int64_t len = kept(r, t);
-    for (int64_t k0 = threadIdx.x; k0 < len; k0 += kMarkLoads * kMarkCacheThreads) {
-      int32_t slots[kMarkLoads];
-#pragma unroll
-      for (int j = 0; j < kMarkLoads; ++j) {
-        const int64_t k = k0 + j * kMarkCacheThreads;
-        slots[j] = k < len ? index_at(r, t, k) : -1;
-      }
-#pragma unroll
-      for (int j = 0; j < kMarkLoads; ++j) {
-        const int32_t slot = slots[j];
-        if (slot < 0 || slot >= r.num_slots) continue;  // never a row
-        mark_in_cache(cache, bitmap, static_cast<uint32_t>(slot) >> 5, 1u << (slot & 31));
-      }
-    }
-  }
+  for_each_named_slot<kMarkCacheThreads>(r, [&](int32_t slot) {
+    mark_in_cache(cache, bitmap, static_cast<uint32_t>(slot) >> 5, 1u << (slot & 31));
+  });
   __syncthreads();
   for (int i = threadIdx.x; i < kFilterEntries; i += kMarkCacheThreads) {
     const unsigned long long e = cache[i];
