@@ -248,6 +248,42 @@ __device__ __forceinline__ void* seesaw_p_buffer(typename Traits::SharedStorage&
   }
 }
 
+// Scores of keys the producer found invalid (a clear bit of `valid`: bit j is key j of the tile
+// or round) or at or past a row's causal limit (the dense mode's cut rows: `limit_of(r)`, the
+// tile-relative limit of the thread's row r) set to -inf.
+template <class Mask, class TS, class TC, class LimitOf>
+__device__ __forceinline__ void mask_scores(TS& S, TC const& cS_rc, Mask valid, bool cut_rows,
+                                            LimitOf&& limit_of) {
+  using namespace cute;
+  if (valid != ~Mask(0) || cut_rows) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int cut = cut_rows ? limit_of(r) : INT_MAX;
+#pragma unroll
+      for (int c = 0; c < size<1>(S); ++c) {
+        const int key = get<1>(cS_rc(r, c));
+        if (!((valid >> key) & Mask(1)) || key >= cut) S(r, c) = -INFINITY;
+      }
+    }
+  }
+}
+// One step of the online softmax's row maxima over S: the exact max (m_true), the lazy running
+// max (m_run), P's exp2 base and O's rescale factor of each of the thread's two rows.
+template <class TS>
+__device__ __forceinline__ void running_max_step(TS const& S, float max_thr, float sl2,
+                                                 float (&m_true)[2], float (&m_run)[2],
+                                                 float (&base)[2], float (&factor)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float mx = quad_max(row_reduce<true>(S, r));
+    m_true[r] = fmaxf(m_true[r], mx);
+    const float m_new = lazy_max(m_run[r], mx, max_thr);
+    base[r] = max_base(m_new, sl2);
+    factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
+    m_run[r] = m_new;
+  }
+}
+
 // The compute warpgroups (wg 0 or 1).
 template <class Traits>
 __device__ __forceinline__ void consume(const SparseDecodeParams& p,
@@ -630,27 +666,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         const uint32_t valid = slot_round_valid(smem.valid[0], s);
         const int pos0 = 64 * range.x + 32 * n;
         const bool cut_rows = kDense && first_limit - pos0 < 32;
-        if (valid != ~0u || cut_rows) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int cut = cut_rows ? smem.row_limit[mrow[r]] - pos0 : INT_MAX;
-#pragma unroll
-            for (int c = 0; c < size<1>(Sr); ++c) {
-              const int key = get<1>(cSr_rc(r, c));
-              if (!((valid >> key) & 1u) || key >= cut) Sr(r, c) = -INFINITY;
-            }
-          }
-        }
+        mask_scores(Sr, cSr_rc, valid, cut_rows,
+                    [&](int r) { return smem.row_limit[mrow[r]] - pos0; });
         float factor[2], base[2], sum[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float mx = quad_max(row_reduce<true>(Sr, r));
-          m_true[r] = fmaxf(m_true[r], mx);
-          const float m_new = lazy_max(m_run[r], mx, max_thr);
-          base[r] = max_base(m_new, sl2);
-          factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
-          m_run[r] = m_new;
-        }
+        running_max_step(Sr, max_thr, sl2, m_true, m_run, base, factor);
         softmax_to_p<Element>(Sr, tSrSr, base, sl2, sum, tOrPr);
 #pragma unroll
         for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * factor[r] + sum[r];
@@ -764,27 +783,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p,
         }
         const int pos0 = 64 * (range.x + kk);
         const bool cut_rows = kDense && first_limit - pos0 < 64;
-        if (valid != ~0ull || cut_rows) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int cut = cut_rows ? smem.row_limit[mrow[r]] - pos0 : INT_MAX;
-#pragma unroll
-            for (int c = 0; c < size<1>(S); ++c) {
-              const int key = get<1>(cS_rc(r, c));
-              if (!((valid >> key) & 1ull) || key >= cut) S(r, c) = -INFINITY;
-            }
-          }
-        }
+        mask_scores(S, cS_rc, valid, cut_rows,
+                    [&](int r) { return smem.row_limit[mrow[r]] - pos0; });
         float factor[2], base[2], sum[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float mx = quad_max(row_reduce<true>(S, r));
-          m_true[r] = fmaxf(m_true[r], mx);
-          const float m_new = lazy_max(m_run[r], mx, max_thr);
-          base[r] = max_base(m_new, sl2);
-          factor[r] = exp2_approx(m_run[r] * sl2 - base[r]);
-          m_run[r] = m_new;
-        }
+        running_max_step(S, max_thr, sl2, m_true, m_run, base, factor);
         if constexpr (Traits::kFp16) {
           // O's units move to the largest exponent so far (its rows times 2^(e_ref - e_next),
           // beside the softmax factor; the row sums only by that), then P's column j times
