@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "core/sparse_kernel_plan.h"
@@ -25,10 +24,7 @@ constexpr size_t kAlign = 256;
 // The token fill of quantised caches (producer.cuh) is the default where the cache's parts are
 // aligned for it; OPENMLA_SPARSE_FILL=keys (read at every launch) takes the warp-per-key fill, and
 // OPENMLA_SPARSE_PREFETCH=0 turns the one-tile-ahead L2 prefetch off, for A/B runs.
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
+using attention::env_is;
 bool bf16_cp_async() { return !env_is("OPENMLA_SPARSE_BF16_CP_ASYNC", "0"); }
 
 using attention::env_switch;

@@ -16,8 +16,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/sparse_kernel_plan.h"
 #include "core/str_cat.h"
@@ -300,8 +298,7 @@ Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
   OPENMLA_RETURN_IF_ERROR(cuda_error(
       kOp, "cudaMemsetAsync", cudaMemsetAsync(bitmap, 0, static_cast<size_t>(l.words) * 4, stream)));
   // OPENMLA_PREFILL_MARK=writeback (read at every call): the write-back marking, for A/B runs.
-  if (const char* mark = std::getenv("OPENMLA_PREFILL_MARK");
-      mark != nullptr && std::strcmp(mark, "writeback") == 0) {
+  if (attention::env_is("OPENMLA_PREFILL_MARK", "writeback")) {
     mark_named_slots_cached<<<grid_for(shape.s_q, facts.num_sms), kMarkCacheThreads, 0, stream>>>(
         r, bitmap);
   } else {
