@@ -137,6 +137,10 @@ struct SparsePrefillArgs {
   TensorView attn_sink;    // optional [h_q] fp32
   int d_v = 512;
   float softmax_scale = 0.f;
+  // Opt-in, with kv_cache only (d_qk 576 or 512, d_v 512): both products on FP8 tensor cores,
+  // q and P rounded to e4m3 and each key re-quantised to one power-of-two scale. Faster on the
+  // GPU, but its error is about 10-40x the bf16 path's (docs/semantics.md, sparse prefill).
+  bool fp8_tensor_cores = false;
   TensorView out;          // [s_q, h_q, d_v] bf16
   TensorView max_logits;   // [s_q, h_q] fp32 (max scaled logit; -inf for a lonely query)
   TensorView lse;          // [s_q, h_q] fp32 (+inf for a lonely query)
