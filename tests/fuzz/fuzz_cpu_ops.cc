@@ -207,6 +207,38 @@ void merge_and_prefill(Input& in, Bulk& bulk) {
   (void)sparse_prefill(p);
 }
 
+// Sparse prefill straight from a cache of any bytes (NaN and infinite keys included), on the
+// default path or the FP8 tensor-core path's own arithmetic; q finite and moderate, or any bits.
+void prefill_from_cache_case(Input& in, Bulk& bulk) {
+  const int d_qk = fuzz_d_qk(in);
+  Cache c;
+  c.make(in, bulk, d_qk);
+  const int64_t s_q = 1 + in.below(3), h_q = 1 + in.below(6), topk = in.below(9), d_v = 512;
+  std::vector<uint16_t> q(s_q * h_q * d_qk), out(s_q * h_q * d_v);
+  if (in.flag()) {
+    fill_bf16(q, bulk);
+  } else {
+    for (uint16_t& x : q) x = static_cast<uint16_t>(bulk.next());
+  }
+  std::vector<int32_t> indices = any_ints(in, bulk, s_q * topk, c.cache.num_tokens());
+  std::vector<int32_t> topk_length = any_ints(in, bulk, s_q, topk);
+  std::vector<float> sink(h_q), max_logits(s_q * h_q), lse(s_q * h_q);
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::nanf(""), 0.f};
+  for (float& x : sink) x = in.below(3) == 0 ? specials[in.below(4)] : in.take<int8_t>() / 8.f;
+  SparsePrefillArgs p;
+  p.q = TensorView::contiguous(q.data(), DType::kBF16, {s_q, h_q, d_qk});
+  p.kv_cache = c.cache;
+  p.indices = TensorView::contiguous(indices.data(), DType::kInt32, {s_q, 1, topk});
+  if (in.flag()) p.topk_length = TensorView::contiguous(topk_length.data(), DType::kInt32, {s_q});
+  if (in.flag()) p.attn_sink = TensorView::contiguous(sink.data(), DType::kFP32, {h_q});
+  p.fp8_tensor_cores = in.flag();
+  p.out = TensorView::contiguous(out.data(), DType::kBF16, {s_q, h_q, d_v});
+  p.max_logits = TensorView::contiguous(max_logits.data(), DType::kFP32, {s_q, h_q});
+  p.lse = TensorView::contiguous(lse.data(), DType::kFP32, {s_q, h_q});
+  (void)sparse_prefill(p);
+}
+
 }  // namespace
 }  // namespace openmla::fuzz
 
@@ -214,10 +246,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace openmla::fuzz;
   Input in(data, size);
   Bulk bulk(in.take<uint64_t>());
-  switch (in.below(4)) {
+  switch (in.below(5)) {
     case 0: write_and_gather(in, bulk); break;
     case 1: sparse_decode_case(in, bulk); break;
     case 2: dense_decode_case(in, bulk); break;
+    case 3: prefill_from_cache_case(in, bulk); break;
     default: merge_and_prefill(in, bulk); break;
   }
   return 0;
