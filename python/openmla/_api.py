@@ -470,9 +470,9 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
     prefill_workspace_size(q, s_q, h_q, d_v); with prefill_workspace_size(..., topk=, k_cache=)
     bytes the call may dequantise once.
 
-    fp8_tensor_cores=True (opt-in; d_qk 576 or 512, d_v 512) runs both products on FP8 tensor
-    cores: q, each key (re-quantised to one power-of-two scale, its 64 RoPE dims kept bf16) and
-    the softmax weights P are rounded to e4m3. Faster on the GPU, but its error is about 10-40x
+    fp8_tensor_cores=True (opt-in; a quantised cache, d_qk 576 or 512, d_v 512) runs both
+    products on FP8 tensor cores: q, each key (re-quantised to one power-of-two scale, its 64
+    RoPE dims kept bf16) and the softmax weights P are rounded to e4m3. Faster on the GPU, but its error is about 10-40x
     the default path's; the CPU backend computes the same roundings (docs/semantics.md). It
     always needs the workspace with topk and k_cache (allocated here, or a caller's of that
     size); dequantize_once does not apply to it."""

@@ -357,6 +357,11 @@ Status validate_sparse_prefill(const SparsePrefillArgs& a, SparsePrefillShape* s
       return invalid(op, "kv_cache: format ", kv_format_name(info.format), " holds d_qk ",
                      info.d_qk, " but q has d_qk ", s->d_qk);
     }
+    if (a.fp8_tensor_cores && !info.quantized()) {
+      return invalid(op, "fp8_tensor_cores: kv_cache holds ", kv_format_name(info.format),
+                     " keys; the FP8 path reads quantised caches (fp8_v32, fp8_model1, fp8_mx, "
+                     "fp4)");
+    }
     s->s_kv = a.kv_cache.num_tokens();
     s->h_kv = 1;
   } else {

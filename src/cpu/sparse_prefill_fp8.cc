@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/codec.h"
+#include "core/fp8_row_scale.h"
 #include "cpu/attention_row.h"
 #include "cpu/cpu_backend.h"
 
@@ -29,17 +30,6 @@ float amax(const float* x, int n) {
   float a = 0.f;
   for (int i = 0; i < n; ++i) a = std::fmax(a, std::fabs(x[i]));
   return a;
-}
-
-// The smallest e with a <= 448 · 2^e (0 for a == 0), clamped to [-64, 64] (so 64 for a = inf).
-// 448 · 2^e is exact in double for every e reached here.
-int pow2_exponent(float a) {
-  if (!(a > 0.f)) return 0;
-  if (std::isinf(a)) return 64;
-  int e = std::ilogb(a) - 8;
-  while (a > std::ldexp(448.0, e)) ++e;
-  while (a <= std::ldexp(448.0, e - 1)) --e;
-  return std::clamp(e, -64, 64);
 }
 
 float round_e4m3(float x) { return codec::e4m3_to_float(codec::float_to_e4m3(x)); }
@@ -95,7 +85,7 @@ Status sparse_prefill_fp8(const SparsePrefillArgs& args, const core::SparsePrefi
     std::vector<float> x(d_qk);
     for (int64_t k = 0; k < n; ++k) {
       codec::decode_slot(args.kv_cache, slots[k], x.data());
-      key_exp[k] = pow2_exponent(amax(x.data(), kV));
+      key_exp[k] = core::fp8_row_exponent(amax(x.data(), kV));
       key_scale[k] = std::ldexp(1.f, key_exp[k]);
       for (int d = 0; d < kV; ++d) codes[k * kV + d] = codec::float_to_e4m3(x[d] / key_scale[k]);
       for (int j = 0; j < kRope; ++j) {
@@ -109,7 +99,7 @@ Status sparse_prefill_fp8(const SparsePrefillArgs& args, const core::SparsePrefi
       float* qr = qq.data() + static_cast<int64_t>(r) * d_qk;
       bf16_to_float(q.data_as<const uint16_t>() + s * q.strides[0] + (h0 + r) * q.strides[1], 1,
                     d_qk, qr);
-      const float sigma = std::ldexp(1.f, pow2_exponent(amax(qr, d_nope)));
+      const float sigma = std::ldexp(1.f, core::fp8_row_exponent(amax(qr, d_nope)));
       for (int d = 0; d < d_nope; ++d) qr[d] = round_e4m3(qr[d] / sigma);
       for (int d = d_nope; d < d_qk; ++d) qr[d] = round_bf16(qr[d] / sigma);
       row_scale[r] = shape.softmax_scale * sigma;

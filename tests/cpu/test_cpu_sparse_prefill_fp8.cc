@@ -326,8 +326,7 @@ TEST(CpuSparsePrefillFp8, MatchesItsDefinitionOnEveryFormat) {
   const std::pair<KVFormat, int> formats[] = {{KVFormat::kFP8_V32, 576},
                                               {KVFormat::kFP8_Model1, 512},
                                               {KVFormat::kFP8_MX, 512},
-                                              {KVFormat::kFP4, 512},
-                                              {KVFormat::kBF16, 576}};
+                                              {KVFormat::kFP4, 512}};
   uint64_t seed = 1000;
   for (const auto& [format, d_qk] : formats) {
     Fp8Case c;
@@ -394,31 +393,6 @@ TEST(CpuSparsePrefillFp8, LonelyRows) {
   EXPECT_EQ(lonely_rows(fp8), lonely_rows(run(p, false)));
 }
 
-// A key holding ±inf (a bf16 cache can): its exponent is 64, so its infinite dims saturate to
-// ±448 and the others round to 0 or nearly: a finite key, by the definition, and finite results.
-TEST(CpuSparsePrefillFp8, InfiniteKeyValuesSaturate) {
-  Fp8Case c;
-  c.format = KVFormat::kBF16;
-  c.s_q = 4;
-  c.h_q = 8;
-  c.topk = 40;
-  c.seed = 1400;
-  Fp8Problem p(c);
-  Rng rng(c.seed + 1);
-  std::vector<float> x = random_token(rng, c.d_qk);
-  x[7] = std::numeric_limits<float>::infinity();
-  x[100] = -std::numeric_limits<float>::infinity();
-  codec::encode_slot(p.cache.cache, 10, x.data());
-  for (int64_t s = 0; s < c.s_q; ++s) p.indices.set({s, 0, 0}, 10);
-  const Outputs fp8 = run(p, true);
-  const OracleOutputs ref = reference(p);
-  const std::vector<double> out = fp8.out.values();
-  EXPECT_LE(relative_l2_error(out, ref.out), 2e-3);
-  EXPECT_LE(max_lse_error(fp8.lse.values(), ref.lse), 1e-5);
-  EXPECT_LE(max_lse_error(fp8.max_logits.values(), ref.max_logits), 1e-5);
-  for (double v : out) ASSERT_TRUE(std::isfinite(v));
-}
-
 // Options of the FP8 path that are errors, through the public entry point.
 TEST(CpuSparsePrefillFp8, NeedsTheCache) {
   Fp8Case c;
@@ -436,6 +410,25 @@ TEST(CpuSparsePrefillFp8, NeedsTheCache) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("fp8_tensor_cores"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("kv_cache"), std::string::npos) << st.message();
+}
+
+// A bf16 cache holds no quantised keys: the FP8 path refuses it (the default path reads it).
+TEST(CpuSparsePrefillFp8, RefusesABf16Cache) {
+  Fp8Case c;
+  c.format = KVFormat::kBF16;
+  Fp8Problem p(c);
+  Outputs o(c);
+  SparsePrefillArgs a = p.args;
+  a.fp8_tensor_cores = true;
+  a.out = o.out.view();
+  a.max_logits = o.max_logits.view();
+  a.lse = o.lse.view();
+  const Status st = sparse_prefill(a);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("fp8_tensor_cores"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("bf16"), std::string::npos) << st.message();
+  a.fp8_tensor_cores = false;
+  EXPECT_TRUE(sparse_prefill(a).ok());
 }
 
 }  // namespace
