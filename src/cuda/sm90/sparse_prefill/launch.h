@@ -26,5 +26,10 @@ bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
                                      const core::SparsePrefillShape& shape);
 Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
                                    const core::SparsePrefillShape& shape, cudaStream_t stream);
+// The FP8 tensor-core path (args.fp8_tensor_cores; dequant_once.cu, fp8_kernel.cuh): the named
+// slots as e4m3 rows of one scale each, then both products on FP8 tensor cores. Needs the
+// workspace of sparse_prefill_cache_workspace_size.
+Status sparse_prefill_fp8(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
+                          cudaStream_t stream);
 
 }  // namespace openmla::cuda::sm90
