@@ -286,9 +286,13 @@ def prefill_rows(rounds: int, copy_gbs: float, quick: bool, cache_only: bool = F
               f"{statistics.geometric_mean(ratios):.3f}x (min {min(ratios):.2f}, max "
               f"{max(ratios):.2f})")
     print("\nsparse prefill from an FP8 cache (s_q 4096, topk 2048, s_kv 32768): straight from the "
-          "cache vs convert-to-bf16 + bf16 prefill (what an engine does without it)")
-    print("| cache | h_q | from cache µs | convert + bf16 prefill µs | speedup |")
-    print("|---|---|---|---|---|")
+          "cache vs convert-to-bf16 + bf16 prefill (what an engine does without it); then the "
+          "opt-in FP8 tensor-core path (fp8_tensor_cores=True): its time, its speedup over "
+          "convert + bf16 prefill and over FlashMLA's bf16 prefill on the converted rows "
+          "(kernel only), and its out's relative L2 error against the bf16 path's")
+    print("| cache | h_q | from cache µs | convert + bf16 prefill µs | speedup | FP8 path µs | "
+          "FP8 vs convert + bf16 | FlashMLA bf16 µs | FP8 vs FlashMLA | FP8 path error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for fmt in ("fp8_v32", "fp8_model1") if not quick else ("fp8_v32",):
         for h in (64, 128):
             d = D_QK[fmt]
@@ -307,10 +311,24 @@ def prefill_rows(rounds: int, copy_gbs: float, quick: bool, cache_only: bool = F
                 openmla.kv_cache_gather(cache, slots, out=bf)
                 return openmla.sparse_prefill(q, bf.view(32768, 1, d), idx)
 
-            t = time_calls([from_cache, convert_then_prefill] +
-                           [with_env(from_cache, env) for env in AB], rounds)
-            ab = f" {ab_note(t[0], t[2:])} |" if AB else ""
-            print(f"| {fmt} | {h} | {t[0]:.0f} | {t[1]:.0f} | {t[1] / t[0]:.2f}x |{ab}", flush=True)
+            def fp8_path():
+                return openmla.sparse_prefill_from_cache(q, cache, idx, fp8_tensor_cores=True)
+
+            o_ref = from_cache()[0].float()
+            o_fp8 = fp8_path()[0].float()
+            fp8_err = ((o_fp8 - o_ref).norm() / o_ref.norm()).item()
+            if not fp8_err < 0.2:
+                raise RuntimeError(f"prefill: the FP8 path is off the bf16 path: {fp8_err:.3e}")
+            calls = [from_cache, convert_then_prefill, fp8_path]
+            if peer is not None:
+                openmla.kv_cache_gather(cache, slots, out=bf)
+                kv_bf = bf.view(32768, 1, d)
+                calls.append(lambda: peer.flash_mla_sparse_fwd(q, kv_bf, idx, d ** -0.5, 512))
+            t = time_calls(calls + [with_env(from_cache, env) for env in AB], rounds)
+            ab = f" {ab_note(t[0], t[len(calls):])} |" if AB else ""
+            peer_s = f"{t[3]:.0f} | {t[3] / t[2]:.2f}x" if peer is not None else " | "
+            print(f"| {fmt} | {h} | {t[0]:.0f} | {t[1]:.0f} | {t[1] / t[0]:.2f}x | {t[2]:.0f} | "
+                  f"{t[1] / t[2]:.2f}x | {peer_s} | {fp8_err:.2e} |{ab}", flush=True)
             del cache
 
 

@@ -68,6 +68,10 @@ python3 tools/ring_sync_model.py --self-test --schedules 300
 # (the slots in a CTA pair: a protocol checked before it is built)
 python3 tools/ring_sync_model.py --pair --schedules 300 | tail -n 1
 python3 tools/ring_sync_model.py --pair --self-test --schedules 300
+# The FP8 prefill kernel's V^T build and P's fragment order, byte by byte (fp8_kernel.cuh).
+echo "== the FP8 prefill's V^T transpose model (tools/fp8_vt_model.py)"
+python3 tools/fp8_vt_model.py
+python3 tools/fp8_vt_model.py --self-test
 
 if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   echo "== Python: install the package into a fresh venv and run pytest"

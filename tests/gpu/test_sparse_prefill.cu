@@ -2,8 +2,10 @@
 // the CPU backend, through the public API, on fresh random data: bf16 kv with one or two kv
 // heads, every head count and both d_qk; indices mixing valid rows, duplicates, -1 and rows at
 // or past s_kv; topk_length 0 and partial; sinks finite and ±inf; s_kv smaller than topk; s_q 1
-// and odd s_q; and the kv_cache variant (keys straight from a paged cache of every format).
-// Outputs start poisoned; tolerances as sparse decode's. *Small* tests also run under memcheck.
+// and odd s_q; and the kv_cache variant (keys straight from a paged cache of every format), also
+// on FP8 tensor cores (fp8_tensor_cores: against the CPU backend's definition of that
+// arithmetic, so a call that ignored the option would miss by the FP8 path's own error, 3e-2 and
+// more, against the 1e-2 allowed). Outputs start poisoned; tolerances as sparse decode's. *Small* tests also run under memcheck.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -30,6 +32,7 @@ struct PrefillCase {
   std::optional<CacheSpec> cache;  // the kv_cache variant (then s_kv, h_kv, d_qk from it)
   bool all_invalid = false;     // every index -1 or past the end (every query lonely)
   bool base_workspace = false;  // with a cache: only the (s_q, h_q, d_v) workspace size
+  bool fp8 = false;             // the FP8 tensor-core path (fp8_tensor_cores) on both backends
   uint64_t seed = 1;
   std::string name() const {
     return "s_q " + std::to_string(s_q) + " h_q " + std::to_string(h_q) + " h_kv " +
@@ -40,7 +43,7 @@ struct PrefillCase {
                         (cache->interleaved ? " interleaved" : "")
                   : "") +
            (all_invalid ? " all invalid" : "") + (base_workspace ? " base workspace" : "") +
-           " seed " + std::to_string(seed);
+           (fp8 ? " fp8 tensor cores" : "") + " seed " + std::to_string(seed);
   }
 };
 
@@ -98,6 +101,7 @@ struct PrefillProblem {
       cpu.kv = kv.view();
     }
     cpu.indices = indices.view();
+    cpu.fp8_tensor_cores = c.fp8;
     if (c.topk_length) {
       topk_length = HostTensor(DType::kInt32, {c.s_q});
       for (int64_t s = 0; s < c.s_q; ++s) {
@@ -313,6 +317,54 @@ TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SparsePrefill, PrefillDequantOnce, ::testing::Values("1", "0"));
+
+// The FP8 tensor-core path on every quantised format and both d_qk: head counts 16-128 (one and
+// two head blocks), lengths (with a token of none), sinks finite and ±inf, topk not a multiple of
+// 64, the token-interleaved layout, every index invalid.
+TEST(SparsePrefill, Fp8TensorCoresEveryQuantisedFormat) {
+  uint64_t seed = 800;
+  const KVFormat formats[] = {KVFormat::kFP8_V32, KVFormat::kFP8_Model1, KVFormat::kFP8_MX,
+                              KVFormat::kFP4};
+  for (KVFormat f : formats) {
+    for (int variant = 0; variant < 4; ++variant) {
+      PrefillCase c;
+      CacheSpec s;
+      s.format = f;
+      s.interleaved = variant == 1;
+      s.num_blocks = 20;
+      c.cache = s;
+      c.fp8 = true;
+      c.h_q = variant == 0 ? 128 : variant == 1 ? 16 : 64;
+      c.s_q = variant == 3 ? 4 : 9;
+      c.topk = variant == 2 ? 200 : 256;
+      c.topk_length = variant == 1;
+      c.sink = variant == 0 ? 2 : variant == 2 ? 1 : 0;
+      c.all_invalid = variant == 3;
+      c.seed = seed++;
+      check(c);
+    }
+  }
+}
+
+TEST(SparsePrefillSmall, Fp8TensorCoresSanitizer) {
+  uint64_t seed = 900;
+  for (KVFormat f : {KVFormat::kFP8_V32, KVFormat::kFP8_Model1}) {
+    PrefillCase c;
+    CacheSpec s;
+    s.format = f;
+    s.page = 16;
+    s.num_blocks = 5;
+    c.cache = s;
+    c.fp8 = true;
+    c.s_q = 3;
+    c.h_q = 32;
+    c.topk = 90;
+    c.topk_length = true;
+    c.sink = 1;
+    c.seed = seed++;
+    check(c);
+  }
+}
 
 TEST(SparsePrefillSmall, DequantOnceSanitizer) {
   setenv("OPENMLA_PREFILL_DEQUANT_ONCE", "1", 1);
