@@ -15,6 +15,8 @@
 #                OPENMLA_PREFILL_DEQUANT_ONCE=0 (the FP8-cache rows' write-back marking, and their
 #                direct path, against the default that dequantises each named slot once after
 #                marking the slots through a read-only filter; the bf16 rows ignore both)]
+#   PREFILL_ROWS --rows of the prefill A/B [all]: all, or compared (the rows from an FP8 cache
+#                only, with the FP8 tensor-core path's columns)
 #   DECODE=0     skips the decode rows
 #   DECODE_ROWS  --rows of the decode A/B [all]: all, compared or small-batch
 #   DECODE_AB    --ab settings of the decode rows [none: the default alone]
@@ -75,7 +77,8 @@ ab_args() {
 if [[ "${PREFILL:-1}" != 0 ]]; then
   read -r -a prefill_ab <<<"$(ab_args "${PREFILL_AB-OPENMLA_PREFILL_MARK=writeback OPENMLA_PREFILL_DEQUANT_ONCE=0}")"
   lim=$(left); [[ $lim -gt 240 ]] && lim=240
-  timeout "$lim" python3 "$bench" --only prefill --rounds "${ROUNDS:-10}" --icache "${ICACHE:-cold}" "${prefill_ab[@]}" \
+  timeout "$lim" python3 "$bench" --only prefill --rows "${PREFILL_ROWS:-all}" --rounds "${ROUNDS:-10}" \
+    --icache "${ICACHE:-cold}" "${prefill_ab[@]}" \
     >>"$OUT/ab_prefill.txt" 2>&1
   echo "prefill A/B rc $? ($(($(date +%s) - t0)) s)" | tee -a "$OUT/ab_prefill.txt"
 fi
