@@ -104,10 +104,14 @@ def kernel_groups(prof, expected: int):
             events = json.load(f)["traceEvents"]
     # The flush (`zero_()`) shows as a memset or as torch's fill kernel, the instruction-cache
     # eviction by its name: each separates calls.
+    # (A library kernel never separates: "sparse_prefill_fp8_kernel" holds "fill".)
     def is_flush(e):
         name = e.get("name", "")
-        return (e.get("cat") == "gpu_memset" or "fill" in name.lower() or "elementwise" in name
-                or icache.NAME in name)
+        if icache.NAME in name:
+            return True
+        if "openmla::" in name:
+            return False
+        return e.get("cat") == "gpu_memset" or "fill" in name.lower() or "elementwise" in name
     spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), is_flush(e))
                    for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset"))
     groups, current = [], []

@@ -4,8 +4,7 @@
 // or past s_kv; topk_length 0 and partial; sinks finite and ±inf; s_kv smaller than topk; s_q 1
 // and odd s_q; and the kv_cache variant (keys straight from a paged cache of every format), also
 // on FP8 tensor cores (fp8_tensor_cores: against the CPU backend's definition of that
-// arithmetic, so a call that ignored the option would miss by the FP8 path's own error, 3e-2 and
-// more, against the 1e-2 allowed). Outputs start poisoned; tolerances as sparse decode's. *Small* tests also run under memcheck.
+// arithmetic; check() says what its tolerances tell apart). Outputs start poisoned; tolerances as sparse decode's. *Small* tests also run under memcheck.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -184,9 +183,14 @@ void check(const PrefillCase& c) {
     std::printf("%s: out %.2e lse %.2e max_logits %.2e\n", c.name().c_str(), out_err, lse_err,
                 ml_err);
   }
-  EXPECT_LE(out_err, 1e-2);
-  EXPECT_LE(lse_err, 1e-3);
-  EXPECT_LE(ml_err, 1e-3);
+  // The FP8 path: Hopper's e4m3 MMA keeps its partial sums to ~13 mantissa bits, so the logits
+  // differ from the CPU's float32 ones by ~1e-3 (measured up to 2.3e-3), which moves some of P's
+  // e4m3 roundings: out then differs by 1-3e-2. Skipping the FP8 arithmetic (q and k rounded to
+  // e4m3) would move the logits by 2-7e-2 (q's rounding alone): the logits' bound tells the two
+  // apart; out's catches any layout or scale error (those give errors of order 1).
+  EXPECT_LE(out_err, c.fp8 ? 4e-2 : 1e-2);
+  EXPECT_LE(lse_err, c.fp8 ? 5e-3 : 1e-3);
+  EXPECT_LE(ml_err, c.fp8 ? 5e-3 : 1e-3);
   int64_t bad_zeros = 0;
   for (size_t k = 0; k < ref.size(); ++k) bad_zeros += ref[k] == 0.0 && got[k] != 0.0;
   EXPECT_EQ(bad_zeros, 0);
