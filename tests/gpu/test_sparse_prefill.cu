@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -191,8 +192,16 @@ void check(const PrefillCase& c) {
   EXPECT_LE(out_err, c.fp8 ? 4e-2 : 1e-2);
   EXPECT_LE(lse_err, c.fp8 ? 5e-3 : 1e-3);
   EXPECT_LE(ml_err, c.fp8 ? 5e-3 : 1e-3);
+  // Where the reference is 0, so is the GPU's output: element by element, but on the FP8 path
+  // only in rows that are all 0 (lonely queries), since its e4m3 sums can cancel to exactly 0 in
+  // one order and not in another.
   int64_t bad_zeros = 0;
-  for (size_t k = 0; k < ref.size(); ++k) bad_zeros += ref[k] == 0.0 && got[k] != 0.0;
+  for (size_t row = 0; row < ref.size(); row += 512) {
+    const bool zero_row =
+        std::all_of(ref.begin() + row, ref.begin() + row + 512, [](double v) { return v == 0.0; });
+    if (c.fp8 && !zero_row) continue;
+    for (size_t k = row; k < row + 512; ++k) bad_zeros += ref[k] == 0.0 && got[k] != 0.0;
+  }
   EXPECT_EQ(bad_zeros, 0);
 }
 

@@ -56,7 +56,7 @@ struct alignas(1024) Smem {
   uint8_t qr[64 * 128];
   Stage stage[2];
   int q_exp[64];
-  uint64_t full_k[2], full_v[2], empty[2];
+  uint64_t full_k[2], full_v[2], empty_k[2], empty_v[2];
 };
 constexpr int kSmemBytes = sizeof(Smem) + 1024;  // (+ alignment of the dynamic window)
 static_assert(sizeof(Stage) % 1024 == 0);
@@ -120,7 +120,8 @@ __device__ __forceinline__ void produce(const Fp8PrefillParams& p, Smem& smem, i
   for (int j = 0; j <= n_tiles; ++j) {
     if (j < n_tiles) {
       const int s = j & 1;
-      cutlass::arch::ClusterBarrier::wait(&smem.empty[s], ((j >> 1) & 1) ^ 1);
+      // (the stage's codes, RoPE dims and scales: free once tile j - 2's softmax has read them)
+      cutlass::arch::ClusterBarrier::wait(&smem.empty_k[s], ((j >> 1) & 1) ^ 1);
       Stage& st = smem.stage[s];
       // Lane l < 16 owns key 16 warp + l of the tile: its row, or -1.
       const int key = 16 * warp + (lane & 15);
@@ -151,6 +152,8 @@ __device__ __forceinline__ void produce(const Fp8PrefillParams& p, Smem& smem, i
     if (j >= 1) {
       const int s = (j - 1) & 1;
       cutlass::arch::ClusterBarrier::wait(&smem.full_k[s], ((j - 1) >> 1) & 1);
+      // (V^T: free once tile j - 3's P V is done)
+      cutlass::arch::ClusterBarrier::wait(&smem.empty_v[s], (((j - 1) >> 1) & 1) ^ 1);
       Stage& st = smem.stage[s];
       // V^T of the warp's 16 keys (group g), 32 dims an iteration. ldmatrix.trans: matrix m of
       // lane l's row address = keys 16 g + 8 (m & 1) + (l & 7), dims 32 cc + 16 (m >> 1) ..
@@ -338,23 +341,30 @@ __device__ __forceinline__ void consume(const Fp8PrefillParams& p, Smem& smem, i
     }
     // Element i of the accumulator: row row0 + 8 ((i / 2) % 2), column 2 (lane % 4) + i % 2 +
     // 8 (i / 4).
+    // Per column (key): its scale s_k = 2^e_k (0: an invalid key, whose S is 0 as its rows are
+    // zeros) gives e_k, -inf for an invalid key, so y = x log2 e + e_k masks it by itself.
     float y[32];
     float y_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       const float2 ks = *reinterpret_cast<const float2*>(&st.scale[2 * (lane % 4) + 8 * q]);
 #pragma unroll
-      for (int i = 4 * q; i < 4 * q + 4; ++i) {
-        const int r = (i / 2) % 2;
-        const float kf = (i % 2) ? ks.y : ks.x;
-        const float x = kf > 0.f ? tSrS(i) * qs[r] * kf : -INFINITY;
-        x_max[r] = fmaxf(x_max[r], x);
-        // e_k: kf = 2^e_k exactly
-        const float ek = static_cast<float>(static_cast<int>(__float_as_uint(kf) >> 23) - 127);
-        y[i] = kf > 0.f ? fmaf(x, kLog2e, ek) : -INFINITY;
-        y_max[r] = fmaxf(y_max[r], y[i]);
+      for (int c = 0; c < 2; ++c) {
+        const float kf = c ? ks.y : ks.x;
+        const float ek =
+            kf > 0.f ? static_cast<float>(static_cast<int>(__float_as_uint(kf) >> 23) - 127)
+                     : -INFINITY;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 4 * q + 2 * r + c;
+          const float x = tSrS(i) * qs[r] * kf;
+          x_max[r] = fmaxf(x_max[r], ek == -INFINITY ? -INFINITY : x);
+          y[i] = fmaf(x, kLog2e, ek);
+          y_max[r] = fmaxf(y_max[r], y[i]);
+        }
       }
     }
+    float m8[2];  // M - 8: p256 = 2^(y - M + 8) = 256 p (0 for every key while M is -inf)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float m_new = fmaxf(m_run[r], ceilf(attention::quad_max(y_max[r])));
@@ -369,33 +379,33 @@ __device__ __forceinline__ void consume(const Fp8PrefillParams& p, Smem& smem, i
         }
         m_run[r] = m_new;
       }
+      m8[r] = m_run[r] == -INFINITY ? 0.f : m_run[r] - 8.f;
     }
-    // p = 2^(y - M); the row sum adds p / s_k; P's operand e4m3(256 p) in fragment order:
-    // word rho + 4 kb holds, for row (rho % 2), positions 16 (rho / 2) + 4 (lane % 4) .. + 3 of
-    // k-block kb = accumulator columns (2 u, 2 u + 1, 2 u + 8, 2 u + 9) + 16 (rho / 2) + 32 kb.
-    float pv[32];
+    // p256 = 256 p; the row sum (in units of 1/256) adds p256 / s_k (exact: 2^-e_k);
+    // P's operand e4m3(256 p) in fragment order: word rho + 4 kb holds, for row (rho % 2),
+    // positions 16 (rho / 2) + 4 (lane % 4) .. + 3 of k-block kb = accumulator columns (2 u,
+    // 2 u + 1, 2 u + 8, 2 u + 9) + 16 (rho / 2) + 32 kb.
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = (i / 2) % 2;
-      pv[i] = y[i] == -INFINITY ? 0.f : attention::exp2_approx(y[i] - m_run[r]);
-    }
+    for (int i = 0; i < 32; ++i) y[i] = attention::exp2_approx(y[i] - m8[(i / 2) % 2]);
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       const float2 ks = *reinterpret_cast<const float2*>(&st.scale[2 * (lane % 4) + 8 * q]);
 #pragma unroll
-      for (int i = 4 * q; i < 4 * q + 4; ++i) {
-        const float kf = (i % 2) ? ks.y : ks.x;
-        // 1 / s_k exactly (2^-e_k); p is 0 for an invalid key (kf 0)
-        l_run[(i / 2) % 2] += pv[i] * __uint_as_float(0x7F000000u - __float_as_uint(kf));
+      for (int c = 0; c < 2; ++c) {
+        const float inv = __uint_as_float(0x7F000000u - __float_as_uint(c ? ks.y : ks.x));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l_run[r] = fmaf(y[4 * q + 2 * r + c], inv, l_run[r]);
       }
     }
+    // The stage's codes, RoPE dims and scales are read: the producer may refill them (V^T is
+    // released after P V).
+    cutlass::arch::ClusterBarrier::arrive(&smem.empty_k[s]);
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
 #pragma unroll
       for (int rho = 0; rho < 4; ++rho) {
         const int i0 = 2 * (rho % 2) + 4 * (2 * (rho / 2) + 4 * kb);
-        pw[rho + 4 * kb] = e4m3x2(256.f * pv[i0], 256.f * pv[i0 + 1]) |
-                           e4m3x2(256.f * pv[i0 + 4], 256.f * pv[i0 + 5]) << 16;
+        pw[rho + 4 * kb] = e4m3x2(y[i0], y[i0 + 1]) | e4m3x2(y[i0 + 4], y[i0 + 5]) << 16;
       }
     }
     cutlass::arch::ClusterBarrier::wait(&smem.full_v[s], phase);
@@ -414,10 +424,10 @@ __device__ __forceinline__ void consume(const Fp8PrefillParams& p, Smem& smem, i
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
     }
-    cutlass::arch::ClusterBarrier::arrive(&smem.empty[s]);
+    cutlass::arch::ClusterBarrier::arrive(&smem.empty_v[s]);
   }
 
-  // Epilogue: out = O / (256 l), lse = ln l + M ln 2 (natural), the sink's factor on out.
+  // Epilogue (l_run holds 256 l): out = O / (256 l), lse = ln l + M ln 2, the sink's factor.
   constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -426,8 +436,8 @@ __device__ __forceinline__ void consume(const Fp8PrefillParams& p, Smem& smem, i
     const int h = 64 * m_block + row0 + 8 * r;
     if (h >= p.h_q) continue;
     const bool lonely = m_run[r] == -INFINITY;
-    const float lse = lonely ? INFINITY : (__log2f(l) + m_run[r]) * kLn2;
-    float f = lonely ? 0.f : 1.f / (256.f * l);
+    const float lse = lonely ? INFINITY : (log2f(l) - 8.f + m_run[r]) * kLn2;
+    float f = lonely ? 0.f : 1.f / l;
     if (!lonely && p.sink != nullptr) {
       f *= 1.f / (1.f + expf(p.sink[h * p.sink_stride] - lse));
     }
@@ -469,7 +479,8 @@ __global__ void __launch_bounds__(fp8_prefill::kThreads, 1)
     for (int s = 0; s < 2; ++s) {
       cutlass::arch::ClusterBarrier::init(&smem.full_k[s], 128);  // producer threads' copies
       cutlass::arch::ClusterBarrier::init(&smem.full_v[s], 128);  // producer threads' V^T
-      cutlass::arch::ClusterBarrier::init(&smem.empty[s], 256);   // compute threads
+      cutlass::arch::ClusterBarrier::init(&smem.empty_k[s], 256);  // compute threads: K read
+      cutlass::arch::ClusterBarrier::init(&smem.empty_v[s], 256);  // compute threads: V^T read
     }
     cutlass::arch::fence_barrier_init();
   }
