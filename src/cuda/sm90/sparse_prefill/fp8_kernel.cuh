@@ -15,8 +15,9 @@
 //    exchange, no named barrier a tile (NOTES.md: its cost and the alternative).
 // Softmax (the semantics' integer running max M of y = x log2 e + e_k): p = 2^(y - M) <= 1 holds
 // the key's scale s_k = 2^e_k, so P V over the codes is P V over the keys; e4m3(256 p) is P's
-// operand; the row sum adds p / s_k (unquantised), and a growing M rescales O and the sum by an
-// exact power of two.
+// operand; the row sum adds 256 p / s_k (unquantised; it holds 256 l), and a growing M rescales
+// O and the sum by an exact power of two. A stage's codes, RoPE dims and scales go back to the
+// producer after the softmax (empty_k), its V^T after P V (empty_v).
 #pragma once
 
 #include <cuda_bf16.h>
