@@ -472,8 +472,9 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
 
     fp8_tensor_cores=True (opt-in; a quantised cache, d_qk 576 or 512, d_v 512) runs both
     products on FP8 tensor cores: q, each key (re-quantised to one power-of-two scale, its 64
-    RoPE dims kept bf16) and the softmax weights P are rounded to e4m3. Faster on the GPU, but its error is about 10-40x
-    the default path's; the CPU backend computes the same roundings (docs/semantics.md). It
+    RoPE dims kept bf16) and the softmax weights P are rounded to e4m3. Its error is about
+    10-40x the default path's, and on an H100 it is not yet faster than the default
+    (bench/RESULTS.md); the CPU backend computes the same roundings (docs/semantics.md). It
     always needs the workspace with topk and k_cache (allocated here, or a caller's of that
     size); dequantize_once does not apply to it."""
     op = "sparse_prefill"
