@@ -359,6 +359,24 @@ TEST(SparsePrefill, Fp8TensorCoresEveryQuantisedFormat) {
   }
 }
 
+// The FP8 path always needs the workspace sized with topk and the cache: given only the base
+// size, the call is refused, naming the workspace, and writes nothing.
+TEST(SparsePrefill, Fp8TensorCoresNeedTheirWorkspace) {
+  PrefillCase c;
+  CacheSpec s;
+  s.format = KVFormat::kFP8_Model1;
+  c.cache = s;
+  c.fp8 = true;
+  c.base_workspace = true;
+  c.s_q = 5;
+  c.seed = 950;
+  PrefillProblem p(c);
+  const Status st = sparse_prefill(p.gpu);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("workspace"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("FP8"), std::string::npos) << st.message();
+}
+
 TEST(SparsePrefillSmall, Fp8TensorCoresSanitizer) {
   uint64_t seed = 900;
   for (KVFormat f : {KVFormat::kFP8_V32, KVFormat::kFP8_Model1}) {
