@@ -377,6 +377,23 @@ TEST(SparsePrefill, Fp8TensorCoresNeedTheirWorkspace) {
   EXPECT_NE(st.message().find("FP8"), std::string::npos) << st.message();
 }
 
+// The FP8 path reads q's rows by 16-byte loads: a q that is not 16-byte aligned is refused,
+// naming q (before anything runs: the shifted view is never read).
+TEST(SparsePrefill, Fp8TensorCoresNeedAlignedQ) {
+  PrefillCase c;
+  CacheSpec s;
+  s.format = KVFormat::kFP8_V32;
+  c.cache = s;
+  c.fp8 = true;
+  c.s_q = 5;
+  c.seed = 951;
+  PrefillProblem p(c);
+  p.gpu.q.data = static_cast<uint16_t*>(p.gpu.q.data) + 4;
+  const Status st = sparse_prefill(p.gpu);
+  EXPECT_EQ(st.code(), StatusCode::kNotImplemented) << st.message();
+  EXPECT_NE(st.message().find("q:"), std::string::npos) << st.message();
+}
+
 TEST(SparsePrefillSmall, Fp8TensorCoresSanitizer) {
   uint64_t seed = 900;
   for (KVFormat f : {KVFormat::kFP8_V32, KVFormat::kFP8_Model1}) {
