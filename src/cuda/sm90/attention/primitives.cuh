@@ -1,6 +1,6 @@
 // Small device helpers every SM90 attention kernel's roles use (src/cuda/sm90/attention/, shared
 // by the kernel families beside it): the seesaw's named barriers, proxy fences, part hand-back,
-// quad reductions, 16-bit packing, the 128 B swizzle.
+// quad reductions, 16-bit packing, shared-window addresses and cp.async, the 128 B swizzle.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -66,6 +66,44 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+}
+
+// A shared-memory address as the 32-bit shared-window offset instructions take.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// cp.async of `bytes` (16 or 4) from global to shared memory; zeros where `valid` is false (no
+// byte is read then: src-size 0).
+// 16 bytes to a shared-window address (so constant offsets fold into the instruction).
+__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4_u32(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0) : "memory");
+}
+template <int kBytes>
+__device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid) {
+  static_assert(kBytes == 16 || kBytes == 4);
+  if constexpr (kBytes == 16) {
+    cp_async16_u32(smem_u32(dst), src, valid);
+  } else {
+    cp_async4_u32(smem_u32(dst), src, valid);
+  }
+}
+// The mbarrier also waits for this thread's cp.asyncs so far (no change to its arrival count:
+// the pending count goes up now and down when they land), as CUTLASS's cp.async pipelines do.
+__device__ __forceinline__ void cp_async_track(uint64_t& barrier) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(smem_u32(&barrier))
+               : "memory");
+}
+// One arrival on `barrier` once this thread's cp.asyncs so far have landed (counted among the
+// barrier's expected arrivals).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t& barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(&barrier))
+               : "memory");
 }
 
 // Byte offset of (row, 16-byte chunk) inside an 8 KB piece of 64 rows x 128 B, 128 B swizzle

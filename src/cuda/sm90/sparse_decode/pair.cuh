@@ -18,12 +18,12 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/attention/primitives.cuh"
+
 namespace openmla::cuda::sm90 {
 namespace sparse_decode_detail {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using attention::smem_u32;  // (attention/primitives.cuh)
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));

@@ -21,6 +21,9 @@
 namespace openmla::cuda::sm90 {
 namespace sparse_decode_detail {
 
+using attention::cp_async;  // (attention/primitives.cuh: the cp.async helpers)
+using attention::cp_async16_u32;
+using attention::cp_async_track;
 using attention::fence_async_smem;
 using kvcodec::Codec;
 
@@ -311,24 +314,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
-// cp.async of `bytes` (16 or 4) from global to shared memory; zeros where `valid` is false (no
-// byte is read then: src-size 0).
-// 16 bytes to a shared-window address (so constant offsets fold into the instruction).
-__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0) : "memory");
-}
-template <int kBytes>
-__device__ __forceinline__ void cp_async(char* dst, const void* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  if constexpr (kBytes == 16) {
-    cp_async16_u32(d, src, valid);
-  } else {
-    static_assert(kBytes == 4);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src),
-                 "r"(valid ? 4 : 0) : "memory");
-  }
-}
 // A 64-bit warp shuffle as volatile asm: it stays after the barrier wait before it (ptxas moves
 // plain shuffles above the wait, holding every fill's addresses across it: spills at the
 // seesaw producer's 40 registers).
@@ -339,12 +324,6 @@ __device__ __forceinline__ uint64_t shfl_after_wait(uint64_t v, int src_lane) {
                : "+r"(lo), "+r"(hi)
                : "r"(src_lane));
   return (static_cast<uint64_t>(hi) << 32) | lo;
-}
-// The mbarrier also waits for this thread's cp.asyncs so far (no change to its arrival count:
-// the pending count goes up now and down when they land), as CUTLASS's cp.async pipelines do.
-__device__ __forceinline__ void cp_async_track(uint64_t& barrier) {
-  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(&barrier));
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(b) : "memory");
 }
 
 // A bf16 key's row straight into the stage by cp.async (bf16 caches need no decoding, sparse

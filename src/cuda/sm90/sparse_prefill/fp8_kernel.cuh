@@ -34,6 +34,7 @@
 #include "core/fp8_row_scale.h"
 #include "cuda/sm90/attention/mma.cuh"
 #include "cuda/sm90/attention/primitives.cuh"
+#include "cuda/sm90/sparse_decode/e4m3_decode.cuh"
 #include "cuda/sm90/sparse_prefill/fp8_launch.h"
 #include "cuda/common/smem_opt_in.h"
 
@@ -84,28 +85,11 @@ struct Traits {
   using MmaPV = decltype(cute::make_tiled_mma(cute::SM90_64x256x32_F32E4M3E4M3_RS_TN<>{}));
 };
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0) : "memory");
-}
-// One arrival on `bar` once this thread's cp.asyncs so far have landed (the count of 128
-// producer threads is the barrier's expected count).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
-  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(b) : "memory");
-}
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
+using attention::cp_async16_u32;  // (attention/primitives.cuh)
+using attention::cp_async4_u32;
+using attention::cp_async_arrive_noinc;
+using attention::smem_u32;
+using sparse_decode_detail::prmt;  // (sparse_decode/e4m3_decode.cuh)
 // Two floats to e4m3 (x in the low byte), round to nearest even, saturating.
 __device__ __forceinline__ uint32_t e4m3x2(float x, float y) {
   return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3));
@@ -128,15 +112,17 @@ __device__ __forceinline__ void produce(const Fp8PrefillParams& p, Smem& smem, i
       const int key = 16 * warp + (lane & 15);
       const int k = kTileKeys * j + key;
       const int32_t row = k < n_keys ? __ldg(index_row + k) : -1;
-      if (lane < 16) cp_async4(smem_addr(&st.scale[key]), p.row_scales + (row >= 0 ? row : 0), row >= 0);
+      if (lane < 16) {
+        cp_async4_u32(smem_u32(&st.scale[key]), p.row_scales + (row >= 0 ? row : 0), row >= 0);
+      }
       // The codes: a warp instruction a key (lane = 16-byte chunk, piece = chunk / 8).
-      const uint32_t k8 = smem_addr(st.k8), kr = smem_addr(st.kr);
+      const uint32_t k8 = smem_u32(st.k8), kr = smem_u32(st.kr);
 #pragma unroll 4
       for (int kk = 0; kk < 16; ++kk) {
         const int32_t r = __shfl_sync(0xffffffffu, row, kk);
         const int kt = 16 * warp + kk;
         const uint8_t* src = p.rows + static_cast<int64_t>(r >= 0 ? r : 0) * kRowBytes;
-        cp_async16(k8 + (lane >> 3) * 8192 + kt * 128 + (((lane & 7) ^ (kt & 7)) << 4),
+        cp_async16_u32(k8 + (lane >> 3) * 8192 + kt * 128 + (((lane & 7) ^ (kt & 7)) << 4),
                    src + 16 * lane, r >= 0);
       }
       // The RoPE dims: four keys a warp instruction (8 chunks of 16 B each).
@@ -146,9 +132,9 @@ __device__ __forceinline__ void produce(const Fp8PrefillParams& p, Smem& smem, i
         const int32_t r = __shfl_sync(0xffffffffu, row, kk);
         const int kt = 16 * warp + kk;
         const uint8_t* src = p.rows + static_cast<int64_t>(r >= 0 ? r : 0) * kRowBytes;
-        cp_async16(kr + kt * 128 + ((c ^ (kt & 7)) << 4), src + 512 + 16 * c, r >= 0);
+        cp_async16_u32(kr + kt * 128 + ((c ^ (kt & 7)) << 4), src + 512 + 16 * c, r >= 0);
       }
-      cp_async_arrive_noinc(&smem.full_k[s]);
+      cp_async_arrive_noinc(smem.full_k[s]);
     }
     if (j >= 1) {
       const int s = (j - 1) & 1;
@@ -166,7 +152,7 @@ __device__ __forceinline__ void produce(const Fp8PrefillParams& p, Smem& smem, i
       const int g = warp, m = lane >> 3, r8 = lane & 7;
       const int key = 16 * g + 8 * (m & 1) + r8;
       const bool upper = (lane >> 2) >= 4;
-      const uint32_t k8 = smem_addr(st.k8), vt = smem_addr(st.vt);
+      const uint32_t k8 = smem_u32(st.k8), vt = smem_u32(st.vt);
 #pragma unroll 4
       for (int cc = 0; cc < 16; ++cc) {
         const int c16 = 2 * cc + (m >> 1);
