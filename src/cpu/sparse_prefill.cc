@@ -60,21 +60,25 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
     for (int r = 0; r < num_rows; ++r) {
       const int64_t h = h0 + r;
       const RowsAttention::Result res = att.finish(r, o.data());
-      if (args.attn_sink.defined() && res.lse != kInf) {  // a lonely row stays 0
-        const float f = sink_factor(
-            args.attn_sink.data_as<const float>()[h * args.attn_sink.strides[0]], res.lse);
-        for (float& x : o) x *= f;
-      }
-      const TensorView& out = args.out;
-      store_floats(DType::kBF16, o.data(), d_v,
-                   out.data_as<uint16_t>() + s * out.strides[0] + h * out.strides[1],
-                   out.strides[2]);
-      const TensorView& ml = args.max_logits;
-      ml.data_as<float>()[s * ml.strides[0] + h * ml.strides[1]] = res.max_logit;
-      args.lse.data_as<float>()[s * args.lse.strides[0] + h * args.lse.strides[1]] = res.lse;
+      store_prefill_row(args, s, h, o.data(), d_v, res.lse, res.max_logit);
     }
   }
   return Status::Ok();
+}
+
+void store_prefill_row(const SparsePrefillArgs& args, int64_t s, int64_t h, float* o, int d_v,
+                       float lse, float max_logit) {
+  if (args.attn_sink.defined() && lse != kInf) {  // a lonely row stays 0
+    const float f =
+        sink_factor(args.attn_sink.data_as<const float>()[h * args.attn_sink.strides[0]], lse);
+    for (int d = 0; d < d_v; ++d) o[d] *= f;
+  }
+  const TensorView& out = args.out;
+  store_floats(DType::kBF16, o, d_v,
+               out.data_as<uint16_t>() + s * out.strides[0] + h * out.strides[1], out.strides[2]);
+  const TensorView& ml = args.max_logits;
+  ml.data_as<float>()[s * ml.strides[0] + h * ml.strides[1]] = max_logit;
+  args.lse.data_as<float>()[s * args.lse.strides[0] + h * args.lse.strides[1]] = lse;
 }
 
 }  // namespace openmla::cpu

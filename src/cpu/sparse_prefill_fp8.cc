@@ -171,19 +171,8 @@ Status sparse_prefill_fp8(const SparsePrefillArgs& args, const core::SparsePrefi
         for (int d = 0; d < kV; ++d) o[d] = static_cast<float>(acc[r * kV + d] / denom);
         lse = static_cast<float>(std::log(sum[r]) + base[r] * kLn2);
         ml = max_logit[r];
-        if (args.attn_sink.defined() && lse != kInf) {
-          const float f = sink_factor(
-              args.attn_sink.data_as<const float>()[h * args.attn_sink.strides[0]], lse);
-          for (float& v : o) v *= f;
-        }
       }
-      const TensorView& out = args.out;
-      store_floats(DType::kBF16, o.data(), kV,
-                   out.data_as<uint16_t>() + s * out.strides[0] + h * out.strides[1],
-                   out.strides[2]);
-      const TensorView& mlv = args.max_logits;
-      mlv.data_as<float>()[s * mlv.strides[0] + h * mlv.strides[1]] = ml;
-      args.lse.data_as<float>()[s * args.lse.strides[0] + h * args.lse.strides[1]] = lse;
+      store_prefill_row(args, s, h, o.data(), kV, lse, ml);
     }
   }
   return Status::Ok();

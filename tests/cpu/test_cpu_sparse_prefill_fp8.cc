@@ -394,18 +394,24 @@ TEST(CpuSparsePrefillFp8, LonelyRows) {
 }
 
 // Options of the FP8 path that are errors, through the public entry point.
+// The problem's arguments on the FP8 path, writing into `o`.
+SparsePrefillArgs fp8_args(const Fp8Problem& p, Outputs& o) {
+  SparsePrefillArgs a = p.args;
+  a.fp8_tensor_cores = true;
+  a.out = o.out.view();
+  a.max_logits = o.max_logits.view();
+  a.lse = o.lse.view();
+  return a;
+}
+
 TEST(CpuSparsePrefillFp8, NeedsTheCache) {
   Fp8Case c;
   Fp8Problem p(c);
   Outputs o(c);
   HostTensor kv(DType::kBF16, {8, 1, 576});
-  SparsePrefillArgs a = p.args;
-  a.fp8_tensor_cores = true;
+  SparsePrefillArgs a = fp8_args(p, o);
   a.kv_cache = KVCache{};
   a.kv = kv.view();
-  a.out = o.out.view();
-  a.max_logits = o.max_logits.view();
-  a.lse = o.lse.view();
   const Status st = sparse_prefill(a);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("fp8_tensor_cores"), std::string::npos) << st.message();
@@ -418,11 +424,7 @@ TEST(CpuSparsePrefillFp8, RefusesABf16Cache) {
   c.format = KVFormat::kBF16;
   Fp8Problem p(c);
   Outputs o(c);
-  SparsePrefillArgs a = p.args;
-  a.fp8_tensor_cores = true;
-  a.out = o.out.view();
-  a.max_logits = o.max_logits.view();
-  a.lse = o.lse.view();
+  SparsePrefillArgs a = fp8_args(p, o);
   const Status st = sparse_prefill(a);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("fp8_tensor_cores"), std::string::npos) << st.message();
