@@ -1,10 +1,10 @@
 // Dense MLA decode on the GPU: the same-run ceilings (device-to-device copy bandwidth, bf16 GEMM
-// rate through cuBLAS), then the ANCHORS.md grid (b 128, s_q 1|2, h_q 16..128, seqlen 1k..32k),
+// rate through cuBLAS), then the grid of FlashMLA's published figures (b 128, s_q 1|2, h_q 16..128, seqlen 1k..32k),
 // a varlen batch and b = 1 at 128k, printed as markdown rows for bench/RESULTS.md.
 //
-// Timing as ANCHORS.md measured FlashMLA: GPU time of one schedule-less decode (the schedule is
+// Timing as FlashMLA 9241ae3's reference figures were measured: GPU time of one schedule-less decode (the schedule is
 // planned once outside the timed region; timed = decode kernel + combine) between CUDA events,
-// L2 flushed by an 8 GiB memset before each of 15 runs (ANCHORS.md's flush; it also lets a
+// L2 flushed by an 8 GiB memset before each of 15 runs (the reference's flush; it also lets a
 // power-capped GPU recover between runs, as it did for FlashMLA's figures), median; and the
 // median of 15 back-to-back runs without the flush. OPENMLA_BENCH_FLUSH_MB sets the flush size;
 // OPENMLA_BENCH_FLUSH_CLEAN=1 follows the memset by a 512 MB read, so the timed run starts with no
@@ -160,7 +160,7 @@ double gemm_tflops() {
 #endif
 }
 
-// --- FlashMLA's H200 figures (ANCHORS.md), µs, for the speedup column -------------------------
+// --- FlashMLA 9241ae3 on an H200 (2026-12-02), µs, for the speedup column -------------------------
 double flashmla_us(int s_q, int h_q, int seqlen) {
   struct Row { int s_q, h_q; double us[5]; };  // seqlen 1024, 2048, 4096, 8192, 32768
   static const Row rows[] = {
@@ -431,7 +431,7 @@ void print_requests(const long long* trace_d, int pairs) {
 }  // namespace
 
 // OPENMLA_BENCH_KNOBS="name=value,...": kernel knobs (tuning.h DenseDecodeTuning) for the whole
-// run, so one binary serves a same-run A/B of knob settings (tools/ab_dense_decode.sh knobs).
+// run, so one binary serves a same-run A/B of knob settings (research/ab_dense_decode.sh knobs).
 bool apply_knobs() {
   const char* knobs = std::getenv("OPENMLA_BENCH_KNOBS");
   if (knobs == nullptr) return true;

@@ -30,7 +30,7 @@ import sparse_decode_vs_flashmla as sparse_bench
 from sparse_decode_vs_flashmla import (AB, BPT, D_QK, DEV, ab_note, ceilings, peer, time_calls,
                                        with_env)
 
-SHAPES = [  # (b, s_q, h_q, seqlen): the dense grid of the FlashMLA anchors
+SHAPES = [  # (b, s_q, h_q, seqlen): the grid of FlashMLA's published dense figures
     (128, 1, 16, 1024), (128, 1, 16, 4096), (128, 1, 16, 8192), (128, 1, 16, 32768),
     (128, 1, 64, 1024), (128, 1, 64, 4096),
     (128, 1, 128, 1024), (128, 1, 128, 4096), (128, 1, 128, 8192), (128, 2, 128, 8192),

@@ -1,7 +1,8 @@
 // The L2 as a benchmark leaves it before a timed run, and the L2 eviction policies a load can
-// carry: shared by bench_l2_state.cu (a KV stream alone) and bench_dense_decode.cu (the kernel).
+// carry: shared by bench_dense_decode.cu (the kernel) and research/bench_l2_state.cu (a KV stream
+// alone).
 //
-// ANCHORS.md's flush, an 8 GiB memset, leaves the L2 full of dirty lines; the timed kernel's
+// The benchmarks' flush, an 8 GiB memset, leaves the L2 full of dirty lines; the timed kernel's
 // loads then evict them, and the L2 writes them back to DRAM while the kernel reads. A "clean"
 // flush follows the memset by a read of a buffer several times the L2, so the dirty lines are
 // written back before the timed run and the L2 holds only clean ones.
@@ -98,7 +99,7 @@ inline cudaError_t l2_policy_table(uint64_t (&values)[kPolicyCount]) {
   return err;
 }
 
-// Leaves the L2 as ANCHORS.md's flush does (dirty: the memset) or clean (the memset, then a read
+// Leaves the L2 as the benchmarks' flush does (dirty: the memset) or clean (the memset, then a read
 // of `read_bytes` of `read_buf`, so the dirty lines are written back before the timed run).
 struct L2Flush {
   void* memset_buf = nullptr;

@@ -24,7 +24,7 @@ target_link_libraries(openmla_cuda PUBLIC CUDA::cudart PRIVATE openmla)
 set_target_properties(openmla_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
                                               CUDA_RUNTIME_LIBRARY Shared)
 # OPENMLA_DENSE_DECODE_TRACE: the dense decode kernel records a clock64 timeline of one CTA
-# (tools/profile_dense_decode.sh builds a second tree with it). The stamps cost registers, so
+# (research/profile_dense_decode.sh builds a second tree with it). The stamps cost registers, so
 # that build may spill and ptxas warnings stay warnings there; never on in a normal build.
 option(OPENMLA_DENSE_DECODE_TRACE "Diagnostic build: dense decode kernel timeline stamps" OFF)
 set(OPENMLA_PTXAS_FLAGS -Xptxas=-v,-warn-spills,-Werror)

@@ -3,9 +3,9 @@
 # Lent H200s differ by up to ~20% on this kernel with equal copy/GEMM ceilings (dense_decode
 # NOTES.md, "Variance between lent machines"), so two versions compare only on one machine.
 #
-# Here (has git):   tools/ab_dense_decode.sh prepare REV
+# Here (has git):   research/ab_dense_decode.sh prepare REV
 #                   exports REV into .ab/<short sha>/ (git-ignored); carry ".ab" and ".deps".
-# On the device:    OUT=... tools/ab_dense_decode.sh run [s_q,h_q,seqlen ...]
+# On the device:    OUT=... research/ab_dense_decode.sh run [s_q,h_q,seqlen ...]
 #                   builds openmla_bench_dense_decode of this tree (build-device/) and of every
 #                   exported tree (build-ab-<sha>/), then times each b = 128 shape alternately
 #                   (A B A B A B: each a flushed median of 15) and prints the median of the three.
@@ -15,7 +15,7 @@
 # AB_BUILD_ONLY=1 stops after the builds; AB_NO_TREES=1 leaves the exported trees out.
 # Knob settings of one binary instead of trees (or besides them): VARIANTS="name:knobs;..." with
 # knobs as OPENMLA_BENCH_KNOBS takes them, e.g.
-#   VARIANTS="base:;first:evict_first=1;normal:evict_first=0" tools/ab_dense_decode.sh run
+#   VARIANTS="base:;first:evict_first=1;normal:evict_first=0" research/ab_dense_decode.sh run
 # AB_KNOBS="page=16" applies knobs to every binary, trees and variants alike (before theirs).
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +23,7 @@ cd "$ROOT" || exit 1
 
 case "${1:-}" in
   prepare)
-    rev="${2:?usage: tools/ab_dense_decode.sh prepare REV}"
+    rev="${2:?usage: research/ab_dense_decode.sh prepare REV}"
     sha="$(git rev-parse --short "$rev")" || exit 1
     rm -rf ".ab/$sha" && mkdir -p ".ab/$sha"
     git archive "$sha" | tar -x -C ".ab/$sha" || exit 1

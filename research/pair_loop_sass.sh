@@ -5,8 +5,8 @@
 # immediates normalised, so two versions compare by `diff` (session 10: any edit of the
 # epilogue reshuffled ~10-20% of these 2146 lines and cost the unsplit h_q 128 rows ~1%).
 #
-#   tools/pair_loop_sass.sh [REV] > ops.txt      (also prints spills and the line count to stderr)
-#   diff <(tools/pair_loop_sass.sh 0401501) <(tools/pair_loop_sass.sh) | grep -c '^[<>]'
+#   research/pair_loop_sass.sh [REV] > ops.txt      (also prints spills and the line count to stderr)
+#   diff <(research/pair_loop_sass.sh 0401501) <(research/pair_loop_sass.sh) | grep -c '^[<>]'
 #
 # Needs nvcc (CUDA 13), the CUTLASS headers in .deps/ (tools/fetch_cutlass.py) and nvdisasm
 # (NVDISASM=..., default: the toolkit's; `pip download --no-deps nvidia-cuda-nvdisasm` has one).

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "kv_stream.cuh"
-#include "l2_state.cuh"
+#include "../bench/l2_state.cuh"
 
 namespace {
 

@@ -39,10 +39,10 @@ of 50-100 peak clocks a wgmma group (--group) still 7.3k-8.3k (1.28-1.43x). At d
 the RoPE piece rides with R) the seesaw is 1.08x the default order (measured at h_q 64:
 1.04-1.06x), the stagger 1.11x the seesaw, the quarters 1.31x.
 
-    python3 tools/seesaw_model.py            # every order at the fitted parameters
-    python3 tools/seesaw_model.py --parts 2  # the seesaw orders with a barrier pair a quarter
-    python3 tools/seesaw_model.py --d 576    # d_qk 576
-    python3 tools/seesaw_model.py --fit      # the calibration grid
+    python3 research/seesaw_model.py            # every order at the fitted parameters
+    python3 research/seesaw_model.py --parts 2  # the seesaw orders with a barrier pair a quarter
+    python3 research/seesaw_model.py --d 576    # d_qk 576
+    python3 research/seesaw_model.py --fit      # the calibration grid
 """
 from __future__ import annotations
 

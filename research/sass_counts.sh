@@ -4,7 +4,7 @@
 # alone: run it before and after, then diff the two outputs. With SASS_DUMP_DIR set, each
 # object's full SASS goes there too (<object name>.sass, its source-path line dropped), so the
 # instructions themselves can be diffed, not only their counts.
-#   tools/sass_counts.sh [build dir] [object path regex]
+#   research/sass_counts.sh [build dir] [object path regex]
 #   (defaults: build, 'dense_decode|combine|decode_schedule')
 # cuobjdump and nvdisasm come with the CUDA toolkit; where it lacks them, the PyPI wheels
 # nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm carry both (put their bin/ on PATH).

@@ -2,11 +2,11 @@
 # One device call that does what a tuning session's first run needs (sessions 12-13 wrote it by
 # hand each time): build this tree and every exported `.ab/<sha>` tree with their GPU tests (and
 # a trace build of this tree), run each experiment tree's decode GPU tests, A/B all trees on the
-# given shapes (tools/ab_dense_decode.sh), then knob diagnostics on this tree's binary and
+# given shapes (research/ab_dense_decode.sh), then knob diagnostics on this tree's binary and
 # trace-build timelines. Steps run in that order; the later ones are skipped when the call's
 # time runs short (log.txt says which ran). At most 5 files in $OUT (the device returns 8).
 #
-#   OUT=$OUT tools/ab_session.sh          (carry [".ab", ".deps"]; run from the repository root)
+#   OUT=$OUT research/ab_session.sh          (carry [".ab", ".deps"]; run from the repository root)
 #
 # Settings (environment; defaults in brackets):
 #   AB_SHAPES     shapes of the A/B [1,128,4096 2,128,8192 1,16,8192 1,128,1024 1,16,1024
@@ -38,7 +38,7 @@ if [[ -n "${TRACE_SHAPES:-}" ]]; then
   tpid=$!
 fi
 OUT="$S" AB_TARGETS=openmla_gpu_tests AB_TREE_TARGETS=openmla_gpu_tests AB_BUILD_ONLY=1 \
-  tools/ab_dense_decode.sh run >"$S/build.txt" 2>&1
+  research/ab_dense_decode.sh run >"$S/build.txt" 2>&1
 log "builds rc $?"
 cat "$S/ab.txt" >>"$OUT/log.txt" 2>/dev/null
 
@@ -53,11 +53,11 @@ for dir in .ab/*/; do
 done
 
 read -r -a shapes <<<"${AB_SHAPES:-1,128,4096 2,128,8192 1,16,8192 1,128,1024 1,16,1024 32,1,128,4096}"
-OUT="$S" tools/ab_dense_decode.sh run "${shapes[@]}" >"$OUT/ab.txt" 2>&1
+OUT="$S" research/ab_dense_decode.sh run "${shapes[@]}" >"$OUT/ab.txt" 2>&1
 log "ab done"
 read -r -a l2_shapes <<<"${AB_L2_SHAPES-1,128,4096}"
 if [[ ${#l2_shapes[@]} -gt 0 && $(left) -gt 150 ]]; then
-  OUT="$S" OPENMLA_BENCH_L2_RESIDENT=256 tools/ab_dense_decode.sh run "${l2_shapes[@]}" >>"$OUT/ab.txt" 2>&1
+  OUT="$S" OPENMLA_BENCH_L2_RESIDENT=256 research/ab_dense_decode.sh run "${l2_shapes[@]}" >>"$OUT/ab.txt" 2>&1
   log "ab with the KV in L2 done"
 fi
 
@@ -84,7 +84,7 @@ if [[ -n "$tpid" ]]; then
       build-trace/bench/openmla_bench_dense_decode >"$S/tr.txt" 2>&1
     grep "^| " "$S/tr.txt" | tail -n 1 >>"$OUT/trace.txt"
     sed -n '/CTA spans/,$p' "$S/tr.txt" >>"$OUT/trace.txt"
-    python3 tools/timeline_summary.py "$S/tr.txt" >>"$OUT/trace.txt" 2>&1
+    python3 research/timeline_summary.py "$S/tr.txt" >>"$OUT/trace.txt" 2>&1
   done
 fi
 log done

@@ -8,7 +8,7 @@
 # timeline of one CTA's first n pairs for each shape, normal and L2-resident, and every CTA's span;
 # NCU=0 skips ncu.
 #
-#   OUT=/dir [TRACE=24] tools/profile_dense_decode.sh [s_q,h_q,seqlen ...]
+#   OUT=/dir [TRACE=24] research/profile_dense_decode.sh [s_q,h_q,seqlen ...]
 #   (default shapes: 1,128,4096 1,16,8192)
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,8 +52,8 @@ for sh in "${shapes[@]}"; do
     fi
   } >>"$LOG" 2>&1
 done
-# The timelines' steady-state medians, one row a role (tools/timeline_summary.py).
+# The timelines' steady-state medians, one row a role (research/timeline_summary.py).
 if [[ -n "$TRACE_BENCH" ]]; then
-  { echo "-- steady-state medians"; python3 "$ROOT/tools/timeline_summary.py" "$LOG"; } >>"$LOG" 2>&1
+  { echo "-- steady-state medians"; python3 "$ROOT/research/timeline_summary.py" "$LOG"; } >>"$LOG" 2>&1
 fi
 cat "$LOG"

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Steady-state summary of the dense decode timelines that `openmla_bench_dense_decode` prints in
-a trace build (tools/profile_dense_decode.sh with TRACE=n): for every "timeline of CTA 0" block,
+a trace build (research/profile_dense_decode.sh with TRACE=n): for every "timeline of CTA 0" block,
 the median over the steady pairs (the first `--skip` pairs and the last one dropped) of the period
 and of each stamp, in clocks after WG0's pair start, with the legend the benchmark printed.
 Reading 16 rows of numbers by eye is where past sessions lost time; this prints one row a role.
 
-    python3 tools/timeline_summary.py profile.txt [--skip 4]
+    python3 research/timeline_summary.py profile.txt [--skip 4]
 """
 import argparse
 import re
@@ -56,7 +56,7 @@ def main():
     lines = sys.stdin.readlines() if args.file == "-" else open(args.file).readlines()
     found = blocks(lines)
     if not found:
-        print("no timeline found (a trace build's output: tools/profile_dense_decode.sh TRACE=n)")
+        print("no timeline found (a trace build's output: research/profile_dense_decode.sh TRACE=n)")
         return 1
     for title, legend, rows in found:
         steady = [r for r in rows if r[0] >= args.skip and r[1] > 0]
