@@ -4,8 +4,8 @@ Framework-neutral functions over numpy arrays and torch tensors (CPU or CUDA):
 
     dense_decode, sparse_decode, sparse_prefill, sparse_prefill_from_cache, merge_attention_states,
     kv_cache_write, kv_cache_gather, kv_cache_convert, quantize, dequantize, new_kv_cache,
-    plan_decode_schedule, decode_num_sm_parts, decode_workspace, decode_workspace_size,
-    prefill_workspace_size, kv_format_info, kv_layout, describe_kv_cache
+    plan_decode_schedule, no_split_schedule, decode_num_sm_parts, decode_workspace,
+    decode_workspace_size, prefill_workspace_size, kv_format_info, kv_layout, describe_kv_cache
 
 FlashMLA's interface: `import openmla.flash_mla as flash_mla`, or, for code that imports
 `flash_mla` itself, install_flash_mla_alias() / OPENMLA_FLASH_MLA_ALIAS=1. With torch
@@ -35,6 +35,7 @@ from ._api import (
     kv_layout,
     merge_attention_states,
     new_kv_cache,
+    no_split_schedule,
     plan_decode_schedule,
     prefill_workspace_size,
     quantize,
@@ -69,7 +70,7 @@ __all__ = [
     "install_flash_mla_alias",
     "dense_decode", "dequantize", "describe_kv_cache", "infer_kv_format", "kv_cache_convert",
     "kv_cache_gather", "kv_cache_write", "kv_format_info", "kv_layout", "merge_attention_states",
-    "new_kv_cache", "plan_decode_schedule", "quantize", "sparse_decode", "sparse_prefill",
-    "sparse_prefill_from_cache",
+    "new_kv_cache", "no_split_schedule", "plan_decode_schedule", "quantize", "sparse_decode",
+    "sparse_prefill", "sparse_prefill_from_cache",
     "flash_mla", "torch_ops_registered", "__version__",
 ]

@@ -25,7 +25,7 @@ __all__ = [
     "kv_cache_write", "kv_cache_gather", "kv_cache_convert", "quantize", "dequantize",
     "new_kv_cache", "plan_decode_schedule", "decode_num_sm_parts", "kv_format_info", "kv_layout",
     "describe_kv_cache", "cache_d_qk", "infer_kv_format", "KV_FORMATS", "cuda_backend_available",
-    "decode_workspace", "decode_workspace_size", "prefill_workspace_size",
+    "decode_workspace", "decode_workspace_size", "prefill_workspace_size", "no_split_schedule",
 ]
 
 KV_FORMATS = tuple(_C.kv_format_names())
@@ -106,6 +106,13 @@ def _scale(op: str, softmax_scale: Optional[float]) -> float:
         raise ValueError(f"{op}: softmax_scale: expected a finite number > 0 (or None for "
                          f"1/sqrt(d_qk)), got {softmax_scale}")
     return scale
+
+
+def _flag_arg(op: str, arg: str, value: Any) -> bool:
+    """A boolean argument: True/False (numpy's bool_ too), else TypeError naming it."""
+    if isinstance(value, (bool, fw.np.bool_)):
+        return bool(value)
+    raise TypeError(f"{op}: {arg}: expected a bool, got {type(value).__name__}")
 
 
 def _stream(frame, like: Any, stream: Optional[int]) -> int:
@@ -239,7 +246,8 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
                  softmax_scale: Optional[float] = None, causal: bool = False,
                  schedule: Optional[DecodeSchedule] = None, out=None, lse=None, workspace=None,
                  check_values: Optional[bool] = None, stream: Optional[int] = None,
-                 kv_format: Optional[str] = None, kv_layout: str = "default"):
+                 kv_format: Optional[str] = None, kv_layout: str = "default",
+                 batch_invariant: bool = False):
     """Dense decode (V3/V3.1 MLA, absorbed form): (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]).
 
     q [b, s_q, h_q, d_qk] bf16|fp16; k_cache [num_blocks, page_size, h_kv, d_qk] (q's dtype), or a
@@ -258,6 +266,12 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
 
     workspace: a uint8 [n] buffer of at least decode_workspace_size(...) bytes, reused across
     calls (with out= and lse=, the call allocates nothing: CUDA-graph friendly).
+
+    batch_invariant=True: each request's result is independent of the batch it is in. On the
+    GPU no request is split over workers (the call makes a schedule that keeps every request
+    whole, no_split_schedule; `schedule` must then be None), so a batch smaller than the SM
+    count uses fewer SMs. The CPU backend always is batch-invariant. Over a quantised cache the
+    GPU has no such mode yet (NotImplementedError).
     """
     op = "dense_decode"
     _check(op, "q", q, ("bf16", "fp16"), 4)
@@ -272,10 +286,14 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
     _check(op, "block_table", block_table, ("int32",), 2)
     _check(op, "cache_seqlens", cache_seqlens, ("int32",), 1)
     scale = _scale(op, softmax_scale)
+    batch_invariant = _flag_arg(op, "batch_invariant", batch_invariant)
+    if batch_invariant and schedule is not None:
+        raise ValueError(f"{op}: schedule: must be None with batch_invariant=True (a "
+                         "batch-invariant decode splits no request and makes its own schedule)")
     if _tracing(q):
         return _custom_ops().dense_decode(q, k_cache, block_table, cache_seqlens, d_v, scale,
                                           bool(causal), schedule, out, lse, workspace,
-                                          check_values)
+                                          check_values, batch_invariant)
     b, s_q, h_q, _ = _shape(q)
     h_kv = int(k_cache.shape[2])
     qdt = fw.dtype_name(q)
@@ -294,6 +312,15 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
     ws_array = _workspace(frame, q, ws, workspace, op, device)
     if check_values_enabled(check_values) and len(k_cache.shape) == 4:
         _check_dense_values(op, k_cache, block_table, cache_seqlens)
+    if batch_invariant:
+        if as_cache and device[0] == "cuda":
+            raise NotImplementedError(
+                f"{op}: batch_invariant: dense decode over a quantised cache has no "
+                "batch-invariant mode on the GPU yet (a bf16/fp16 cache has; so does sparse "
+                "decode, and every decode on the CPU)")
+        if not as_cache and h_kv >= 1 and h_q % h_kv == 0:
+            parts = _C.decode_num_sm_parts(device[0], device[1], s_q, h_q, h_kv)
+            schedule = no_split_schedule(q, b, parts)
     with frame.guard(q):
         _C.dense_decode(fw.to_c(q), fw.to_c(k_cache), fw.to_c(block_table),
                         fw.to_c(cache_seqlens), fw.to_c(out), fw.to_c(lse), d_v=d_v,
@@ -338,11 +365,12 @@ def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extr
     _check(op, "extra_indices", extra_indices, ("int32",), 3, optional=True)
     _check(op, "extra_topk_length", extra_topk_length, ("int32",), 1, optional=True)
     scale = _scale(op, softmax_scale)
+    batch_invariant = _flag_arg(op, "batch_invariant", batch_invariant)
     if _tracing(q):
         return _custom_ops().sparse_decode(
             q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
             extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
-            scale, schedule, out, lse, workspace, check_values)
+            scale, schedule, out, lse, workspace, check_values, batch_invariant)
     b, s_q, h_q, _ = _shape(q)
     if out is None:
         out = frame.empty((b, s_q, h_q, d_v), "bf16", q, op, "out")
@@ -388,8 +416,8 @@ def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v
     _check(op, "topk_length", topk_length, ("int32",), 1, optional=True)
     scale = _scale(op, softmax_scale)
     if _tracing(q):
-        results = _custom_ops().sparse_prefill(q, kv, indices, scale, d_v, attn_sink, topk_length)
-        return _copy_into(results, (out, max_logits, lse))
+        return _custom_ops().sparse_prefill(q, kv, indices, scale, d_v, attn_sink, topk_length,
+                                            out, max_logits, lse)
     return _run_prefill(frame, op, q, kv, indices, scale, d_v, attn_sink, topk_length, out,
                         max_logits, lse, stream, workspace=workspace)
 
@@ -803,6 +831,43 @@ def plan_decode_schedule(seqlens, s_q: int, h_q: int, h_kv: int = 1, *,
         _C.plan_decode_schedule(fw.to_c(seqlens), fw.to_c(metadata), fw.to_c(num_splits), s_q, h_q,
                                 h_kv, num_sm_parts=num_sm_parts, block_tokens=block_tokens,
                                 stream=_stream(frame, seqlens, stream))
+    return DecodeSchedule(metadata, num_splits)
+
+
+_TOKENS_TO_THE_END = 2**31 - 1  # an end_token past any request's keys (clamped to its length)
+
+
+def no_split_schedule(like, batch: int, num_sm_parts: int) -> DecodeSchedule:
+    """A schedule (plan_decode_schedule's layout) that splits no request: `batch` requests dealt
+    in order over min(batch, num_sm_parts) workers (at least one), each request walked whole by
+    one worker (its keys [0, seqlen), whatever seqlen is: no lengths are read), one split a
+    request (num_splits = 0, 1, ..., batch). It depends on shapes alone, so it is made on
+    `like`'s framework and device without a host copy (CUDA-graph safe). The schedule of
+    batch-invariant dense decode."""
+    op = "no_split_schedule"
+    _require_array(op, "like", like)
+    if batch < 0 or num_sm_parts < 1:
+        raise ValueError(f"{op}: expected batch >= 0 and num_sm_parts >= 1, got {batch} and "
+                         f"{num_sm_parts}")
+    parts = max(1, min(batch, num_sm_parts))
+    fields = _C.SCHEDULE_METADATA_INTS
+    if fw.is_torch_tensor(like):
+        torch = fw._torch()
+        worker = torch.arange(parts, dtype=torch.int32, device=like.device)
+        begin = worker * batch // parts
+        last = (worker + 1) * batch // parts - 1
+        metadata = torch.zeros((parts, fields), dtype=torch.int32, device=like.device)
+        num_splits = torch.arange(batch + 1, dtype=torch.int32, device=like.device)
+    else:
+        worker = fw.np.arange(parts, dtype=fw.np.int64)
+        begin = worker * batch // parts
+        last = (worker + 1) * batch // parts - 1
+        metadata = fw.np.zeros((parts, fields), fw.np.int32)
+        num_splits = fw.np.arange(batch + 1, dtype=fw.np.int32)
+    metadata[:, 0] = begin          # begin_request
+    metadata[:, 2] = last           # end_request (inclusive; < begin: an idle worker)
+    metadata[:, 3] = _TOKENS_TO_THE_END  # end_token: the last request whole
+    metadata[:, 4] = begin          # begin_split: one split a request, in request order
     return DecodeSchedule(metadata, num_splits)
 
 

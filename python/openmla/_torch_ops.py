@@ -59,15 +59,17 @@ def _register() -> None:
     def dense_decode(q: Tensor, k_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
                      d_v: int, softmax_scale: float, causal: bool,
                      sched_metadata: Optional[Tensor], sched_num_splits: Optional[Tensor],
-                     workspace: Optional[Tensor], check_values: int) -> Tuple[Tensor, Tensor]:
+                     workspace: Optional[Tensor], check_values: int,
+                     batch_invariant: bool = False) -> Tuple[Tensor, Tensor]:
         return _api.dense_decode(q, k_cache, block_table, cache_seqlens, d_v=d_v,
                                  softmax_scale=softmax_scale or None, causal=causal,
                                  schedule=_schedule(sched_metadata, sched_num_splits),
-                                 workspace=workspace, check_values=_checked(check_values))
+                                 workspace=workspace, check_values=_checked(check_values),
+                                 batch_invariant=batch_invariant)
 
     @dense_decode.register_fake
     def _(q, k_cache, block_table, cache_seqlens, d_v, softmax_scale, causal, sched_metadata,
-          sched_num_splits, workspace, check_values):
+          sched_num_splits, workspace, check_values, batch_invariant=False):
         b, s_q, h_q, _ = q.shape
         return q.new_empty((b, s_q, h_q, d_v)), _new_lse(q, b, s_q, h_q)
 
@@ -76,11 +78,12 @@ def _register() -> None:
                          d_v: int, softmax_scale: float, causal: bool,
                          sched_metadata: Optional[Tensor], sched_num_splits: Optional[Tensor],
                          out: Tensor, lse: Tensor, workspace: Optional[Tensor],
-                         check_values: int) -> None:
+                         check_values: int, batch_invariant: bool = False) -> None:
         _api.dense_decode(q, k_cache, block_table, cache_seqlens, d_v=d_v,
                           softmax_scale=softmax_scale or None, causal=causal,
                           schedule=_schedule(sched_metadata, sched_num_splits), out=out, lse=lse,
-                          workspace=workspace, check_values=_checked(check_values))
+                          workspace=workspace, check_values=_checked(check_values),
+                          batch_invariant=batch_invariant)
 
     @dense_decode_out.register_fake
     def _(*args):
@@ -94,7 +97,8 @@ def _register() -> None:
                       kv_format: Optional[str], kv_layout: str, extra_kv_format: Optional[str],
                       extra_kv_layout: str, d_v: int, softmax_scale: float,
                       sched_metadata: Optional[Tensor], sched_num_splits: Optional[Tensor],
-                      workspace: Optional[Tensor], check_values: int) -> Tuple[Tensor, Tensor]:
+                      workspace: Optional[Tensor], check_values: int,
+                      batch_invariant: bool = False) -> Tuple[Tensor, Tensor]:
         return _api.sparse_decode(
             q, k_cache, indices, topk_length=topk_length, attn_sink=attn_sink,
             extra_k_cache=extra_k_cache, extra_indices=extra_indices,
@@ -102,12 +106,13 @@ def _register() -> None:
             extra_kv_format=extra_kv_format, extra_kv_layout=extra_kv_layout, d_v=d_v,
             softmax_scale=softmax_scale or None,
             schedule=_schedule(sched_metadata, sched_num_splits), workspace=workspace,
-            check_values=_checked(check_values))
+            check_values=_checked(check_values), batch_invariant=batch_invariant)
 
     @sparse_decode.register_fake
     def _(q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
           extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
-          softmax_scale, sched_metadata, sched_num_splits, workspace, check_values):
+          softmax_scale, sched_metadata, sched_num_splits, workspace, check_values,
+          batch_invariant=False):
         b, s_q, h_q, _ = q.shape
         return (q.new_empty((b, s_q, h_q, d_v), dtype=torch.bfloat16), _new_lse(q, b, s_q, h_q))
 
@@ -119,7 +124,8 @@ def _register() -> None:
                           kv_layout: str, extra_kv_format: Optional[str], extra_kv_layout: str,
                           d_v: int, softmax_scale: float, sched_metadata: Optional[Tensor],
                           sched_num_splits: Optional[Tensor], out: Tensor, lse: Tensor,
-                          workspace: Optional[Tensor], check_values: int) -> None:
+                          workspace: Optional[Tensor], check_values: int,
+                          batch_invariant: bool = False) -> None:
         _api.sparse_decode(
             q, k_cache, indices, topk_length=topk_length, attn_sink=attn_sink,
             extra_k_cache=extra_k_cache, extra_indices=extra_indices,
@@ -127,7 +133,8 @@ def _register() -> None:
             extra_kv_format=extra_kv_format, extra_kv_layout=extra_kv_layout, d_v=d_v,
             softmax_scale=softmax_scale or None,
             schedule=_schedule(sched_metadata, sched_num_splits), out=out, lse=lse,
-            workspace=workspace, check_values=_checked(check_values))
+            workspace=workspace, check_values=_checked(check_values),
+            batch_invariant=batch_invariant)
 
     @sparse_decode_out.register_fake
     def _(*args):
@@ -147,6 +154,20 @@ def _register() -> None:
         return (q.new_empty((s_q, h_q, d_v), dtype=torch.bfloat16),
                 q.new_empty((s_q, h_q), dtype=torch.float32),
                 q.new_empty((s_q, h_q), dtype=torch.float32))
+
+    # Writes into the caller's buffers (flash_mla_sparse_fwd(..., out=): an engine's prefill
+    # writing into a slice of its output buffer).
+    @custom_op(f"{_NS}::sparse_prefill_out", mutates_args=("out", "max_logits", "lse"))
+    def sparse_prefill_out(q: Tensor, kv: Tensor, indices: Tensor, softmax_scale: float,
+                           d_v: int, attn_sink: Optional[Tensor], topk_length: Optional[Tensor],
+                           out: Tensor, max_logits: Tensor, lse: Tensor) -> None:
+        _api.sparse_prefill(q, kv, indices, softmax_scale=softmax_scale or None, d_v=d_v,
+                            attn_sink=attn_sink, topk_length=topk_length, out=out,
+                            max_logits=max_logits, lse=lse)
+
+    @sparse_prefill_out.register_fake
+    def _(*args):
+        return None
 
     # --- merge ----------------------------------------------------------------------------
     @custom_op(f"{_NS}::merge_attention_states", mutates_args=())
@@ -243,39 +264,50 @@ def _flag(check_values: Optional[bool]) -> int:
 
 
 def dense_decode(q, k_cache, block_table, cache_seqlens, d_v, softmax_scale, causal, schedule,
-                 out, lse, workspace=None, check_values=None):
+                 out, lse, workspace=None, check_values=None, batch_invariant=False):
     md, ns = schedule if schedule is not None else (None, None)
     flag = _flag(check_values)
     if out is None and lse is None:
         return _ops().dense_decode(q, k_cache, block_table, cache_seqlens, d_v, softmax_scale,
-                                   causal, md, ns, workspace, flag)
+                                   causal, md, ns, workspace, flag, bool(batch_invariant))
     b, s_q, h_q, _ = q.shape
     out = q.new_empty((b, s_q, h_q, d_v)) if out is None else out
     lse = _new_lse(q, b, s_q, h_q) if lse is None else lse
     _ops().dense_decode_out(q, k_cache, block_table, cache_seqlens, d_v, softmax_scale, causal,
-                            md, ns, out, lse, workspace, flag)
+                            md, ns, out, lse, workspace, flag, bool(batch_invariant))
     return out, lse
 
 
 def sparse_decode(q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
                   extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
-                  softmax_scale, schedule, out, lse, workspace=None, check_values=None):
+                  softmax_scale, schedule, out, lse, workspace=None, check_values=None,
+                  batch_invariant=False):
     md, ns = schedule if schedule is not None else (None, None)
     args = (q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
             extra_topk_length, kv_format, kv_layout, extra_kv_format, extra_kv_layout, d_v,
             softmax_scale, md, ns)
     flag = _flag(check_values)
     if out is None and lse is None:
-        return _ops().sparse_decode(*args, workspace, flag)
+        return _ops().sparse_decode(*args, workspace, flag, bool(batch_invariant))
     b, s_q, h_q, _ = q.shape
     out = q.new_empty((b, s_q, h_q, d_v), dtype=torch.bfloat16) if out is None else out
     lse = _new_lse(q, b, s_q, h_q) if lse is None else lse
-    _ops().sparse_decode_out(*args, out, lse, workspace, flag)
+    _ops().sparse_decode_out(*args, out, lse, workspace, flag, bool(batch_invariant))
     return out, lse
 
 
-def sparse_prefill(q, kv, indices, softmax_scale, d_v, attn_sink, topk_length):
-    return _ops().sparse_prefill(q, kv, indices, softmax_scale, d_v, attn_sink, topk_length)
+def sparse_prefill(q, kv, indices, softmax_scale, d_v, attn_sink, topk_length, out=None,
+                   max_logits=None, lse=None):
+    if out is None and max_logits is None and lse is None:
+        return _ops().sparse_prefill(q, kv, indices, softmax_scale, d_v, attn_sink, topk_length)
+    s_q, h_q, _ = q.shape
+    out = q.new_empty((s_q, h_q, d_v), dtype=torch.bfloat16) if out is None else out
+    max_logits = (q.new_empty((s_q, h_q), dtype=torch.float32) if max_logits is None
+                  else max_logits)
+    lse = q.new_empty((s_q, h_q), dtype=torch.float32) if lse is None else lse
+    _ops().sparse_prefill_out(q, kv, indices, softmax_scale, d_v, attn_sink, topk_length, out,
+                              max_logits, lse)
+    return out, max_logits, lse
 
 
 def merge_attention_states(part_out, part_lse, out_dtype):

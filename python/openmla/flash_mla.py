@@ -16,6 +16,15 @@ prefill) and FlashMLASchedMeta; lse comes back as FlashMLA's: [b, h_q, s_q] with
   * flash_mla_with_kvcache takes keyword-only `out=` / `lse=` to write into existing buffers,
     `workspace=` (else the FlashMLASchedMeta keeps one from its first call, so later calls
     allocate nothing but their outputs) and `check_values=` (docs/errors.md);
+    flash_mla_sparse_fwd takes keyword-only `out=` (and `max_logits=` / `lse=`), as engines pass
+    it (vLLM's DeepSeek V4 prefill writes into a slice of its output buffer);
+  * `enable_batch_invariant=True` (FlashMLA's newest argument, fixed per FlashMLASchedMeta)
+    decodes without split-KV, so a request's result does not depend on its batch: sparse decode
+    and dense decode over a bf16/fp16 cache on the GPU, every decode on the CPU;
+  * a schedule an engine builds by hand in FlashMLA's layout (tile_scheduler_metadata counted
+    in 64-key blocks, as vLLM's batch-invariant dense path does) is never read as OpenMLA's: a
+    one-row schedule (one SM part: no request split) is taken for what it asks, decoding with no
+    split-KV; any other raises ValueError saying what to do;
   * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts.
 Dense decode over an FP8 cache (is_fp8_kvcache=True, or a uint8 cache, with a block table and no
 indices) runs on both backends: any quantised format of docs/formats.md (FlashMLA's dense decode
@@ -58,11 +67,16 @@ class FlashMLASchedMeta:
         extra_page_block_size: Optional[int]
         extra_topk: Optional[int]
 
+        enable_batch_invariant: bool
+
     have_initialized: bool = False
     config: Optional[Config] = None
     tile_scheduler_metadata: Any = None  # [num_sm_parts, 8] int32, filled by the first call
     num_splits: Any = None               # [batch + 1] int32, filled by the first call
     workspace: Any = None                # OpenMLA's: the decode workspace, reused by later calls
+    # OpenMLA's: the (tile_scheduler_metadata, num_splits) objects it planned itself, to tell
+    # them from a schedule an engine assigned by hand in FlashMLA's layout.
+    planned: Any = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def get_mla_metadata(*args: Any, **kwargs: Any) -> Tuple[FlashMLASchedMeta, None]:
@@ -77,11 +91,13 @@ def _dim(x: Any, i: int) -> Optional[int]:
     return int(x.shape[i]) if x is not None else None
 
 
-def _config(q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache, extra_indices):
+def _config(q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache, extra_indices,
+            enable_batch_invariant):
     return FlashMLASchedMeta.Config(
         int(q.shape[0]), int(q.shape[1]), int(q.shape[2]), int(k_cache.shape[1]),
         int(k_cache.shape[2]) if len(k_cache.shape) == 4 else 1, bool(causal),
-        bool(is_fp8_kvcache), _dim(indices, -1), _dim(extra_k_cache, 1), _dim(extra_indices, -1))
+        bool(is_fp8_kvcache), _dim(indices, -1), _dim(extra_k_cache, 1), _dim(extra_indices, -1),
+        bool(enable_batch_invariant))
 
 
 def _check_same_config(saved: FlashMLASchedMeta.Config, now: FlashMLASchedMeta.Config) -> None:
@@ -93,7 +109,37 @@ def _check_same_config(saved: FlashMLASchedMeta.Config, now: FlashMLASchedMeta.C
             raise ValueError(
                 f"flash_mla_with_kvcache: tile_scheduler_metadata: this FlashMLASchedMeta was "
                 f"made for {field.name}={a}, but this call has {field.name}={b}; use one "
-                "FlashMLASchedMeta per set of shapes (get_mla_metadata())")
+                "FlashMLASchedMeta per set of shapes and options (get_mla_metadata())")
+
+
+def _hand_built_schedule(sched: FlashMLASchedMeta, op: str) -> bool:
+    """Whether `sched` holds a schedule an engine assigned itself (FlashMLA's layout, which
+    OpenMLA never reads). True for a one-row schedule: one SM part walks every request, so
+    none is split, which is what such a schedule asks for (vLLM's batch-invariant path builds
+    it); the decode then runs without split-KV. Any other raises ValueError."""
+    metadata = sched.tile_scheduler_metadata
+    if metadata is None:
+        return False
+    planned = sched.planned
+    if planned is not None and metadata is planned[0] and sched.num_splits is planned[1]:
+        return False
+    if not fw.is_array(metadata) or len(metadata.shape) != 2:
+        raise TypeError(f"{op}: tile_scheduler_metadata.tile_scheduler_metadata: expected "
+                        "None (OpenMLA plans on the first call) or FlashMLA's [num_sm_parts, 8] "
+                        f"int32 array, got {type(metadata).__name__}"
+                        + (f" of shape {list(metadata.shape)}" if fw.is_array(metadata) else ""))
+    rows = int(metadata.shape[0])
+    if rows == 1:
+        return True
+    raise ValueError(
+        f"{op}: tile_scheduler_metadata.tile_scheduler_metadata: this FlashMLASchedMeta holds a "
+        f"schedule of {rows} SM parts that OpenMLA did not plan. It is in FlashMLA's layout "
+        "(key ranges in 64-key blocks, num_splits FlashMLA's split counts), which OpenMLA's "
+        "kernels do not read (OpenMLA's counts keys), and its partition is FlashMLA's. Leave "
+        "tile_scheduler_metadata and num_splits None on a fresh get_mla_metadata() (the first "
+        "call plans them; the other layers reuse them); for results independent of the batch, "
+        "pass enable_batch_invariant=True (a one-row schedule, which asks for no split, is "
+        "accepted and decodes that way)")
 
 
 def flash_mla_with_kvcache(
@@ -113,6 +159,7 @@ def flash_mla_with_kvcache(
     extra_indices_in_kvcache=None,
     topk_length=None,
     extra_topk_length=None,
+    enable_batch_invariant: bool = False,
     *,
     out=None,
     lse=None,
@@ -132,9 +179,17 @@ def flash_mla_with_kvcache(
     any format, block_table / cache_seqlens unused, optional topk_length [b], attn_sink [h_q]
     float32, extra_k_cache + extra_indices_in_kvcache [b, s_q, extra_topk] + extra_topk_length.
 
+    enable_batch_invariant=True: no split-KV, so each request's result is independent of the
+    batch it is in (FlashMLA's argument; the first call with a FlashMLASchedMeta fixes it, a
+    later call with another value raises ValueError). On the GPU: sparse decode and dense decode
+    over a bf16/fp16 cache (a quantised dense cache: NotImplementedError); the CPU backend
+    always is batch-invariant. No split plan is made then.
+
     The first call with a FlashMLASchedMeta fills its tile_scheduler_metadata / num_splits (dense:
     planned from cache_seqlens; sparse: from the counted indices, topk_length + extra_topk_length)
-    and its workspace; later calls (the other layers of the step) reuse them. Values
+    and its workspace; later calls (the other layers of the step) reuse them. A schedule the
+    caller assigned to it (FlashMLA's layout) is never read: one row (a single SM part, so no
+    split) decodes as enable_batch_invariant=True does, any other raises ValueError. Values
     (cache_seqlens, block_table, topk_length) are checked as openmla.dense_decode /
     sparse_decode do: on the CPU always, on the GPU with check_values=True or
     OPENMLA_CHECK_VALUES=1 (docs/errors.md).
@@ -146,6 +201,7 @@ def flash_mla_with_kvcache(
                         f"get_mla_metadata()), got {type(sched).__name__}")
     if num_splits is not None:
         raise ValueError(f"{op}: num_splits: must be None (get_mla_metadata() returns None there)")
+    invariant = _api._flag_arg(op, "enable_batch_invariant", enable_batch_invariant)
     for name, value in (("q", q), ("k_cache", k_cache)):
         if not fw.is_array(value):
             raise TypeError(f"{op}: {name}: expected an array (numpy.ndarray or torch.Tensor), "
@@ -160,12 +216,16 @@ def flash_mla_with_kvcache(
 
     if sched is not None:
         config = _config(q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache,
-                         extra_indices_in_kvcache)
+                         extra_indices_in_kvcache, invariant)
         if sched.have_initialized:
             _check_same_config(sched.config, config)
         else:
             sched.have_initialized = True
             sched.config = config
+        # A caller's one-row schedule in FlashMLA's layout asks for no split: decode that way.
+        invariant = _hand_built_schedule(sched, op) or invariant
+    # With no split-KV there is no split plan to make, keep or read.
+    planning = sched is not None and not invariant
 
     if sparse:
         if causal:
@@ -175,23 +235,23 @@ def flash_mla_with_kvcache(
             raise ValueError(f"{op}: is_fp8_kvcache: True, but k_cache has dtype "
                              f"{fw.dtype_name(k_cache)} (an FP8 cache is uint8/float8 bytes)")
         schedule = None
-        if sched is not None:
+        if planning:
             if sched.tile_scheduler_metadata is None and _plannable_sparse(q, indices):
                 keys = _sparse_keys(q, indices, topk_length, extra_indices_in_kvcache,
                                     extra_topk_length)
                 planned = _api.plan_decode_schedule(keys, int(q.shape[1]), int(q.shape[2]), 1)
-                sched.tile_scheduler_metadata, sched.num_splits = planned
+                _keep_plan(sched, planned)
             if sched.tile_scheduler_metadata is not None:
                 schedule = _api.DecodeSchedule(sched.tile_scheduler_metadata, sched.num_splits)
-            if workspace is None:
-                workspace = _sched_workspace(sched, q, head_dim_v, sparse=True)
+        if sched is not None and workspace is None:
+            workspace = _sched_workspace(sched, q, head_dim_v, sparse=True)
         return _api.sparse_decode(
             q, k_cache, indices, topk_length=topk_length, attn_sink=attn_sink,
             extra_k_cache=extra_k_cache, extra_indices=extra_indices_in_kvcache,
             extra_topk_length=extra_topk_length, kv_format=kv_format, kv_layout=kv_layout,
             extra_kv_format=extra_kv_format, extra_kv_layout=extra_kv_layout, d_v=head_dim_v,
             softmax_scale=softmax_scale, schedule=schedule, out=out, lse=lse,
-            workspace=workspace, check_values=check_values)
+            workspace=workspace, check_values=check_values, batch_invariant=invariant)
 
     for name, value in (("attn_sink", attn_sink), ("extra_k_cache", extra_k_cache),
                         ("extra_indices_in_kvcache", extra_indices_in_kvcache),
@@ -202,7 +262,7 @@ def flash_mla_with_kvcache(
     if block_table is None or cache_seqlens is None:
         raise ValueError(f"{op}: block_table and cache_seqlens: required for dense attention")
     schedule = None
-    if sched is not None:
+    if planning:
         if sched.tile_scheduler_metadata is None:
             # The first call plans the schedule from cache_seqlens; later calls with this
             # FlashMLASchedMeta (the other layers of the step) reuse it. Arguments the planner
@@ -218,18 +278,24 @@ def flash_mla_with_kvcache(
                     _api._check_dense_values(op, k_cache, block_table, cache_seqlens)
                 planned = _api.plan_decode_schedule(cache_seqlens, int(q.shape[1]),
                                                     int(q.shape[2]), h_kv, check_values=False)
-                sched.tile_scheduler_metadata, sched.num_splits = planned
+                _keep_plan(sched, planned)
         if sched.tile_scheduler_metadata is not None:
             schedule = _api.DecodeSchedule(sched.tile_scheduler_metadata, sched.num_splits)
-        if workspace is None:
-            workspace = _sched_workspace(sched, q, head_dim_v, h_kv=int(k_cache.shape[2]))
+    if sched is not None and workspace is None:
+        workspace = _sched_workspace(sched, q, head_dim_v, h_kv=int(k_cache.shape[2]))
     # An FP8 cache (is_fp8_kvcache, or uint8/float8 bytes) is a KVCache of its format.
     as_cache = is_fp8_kvcache or fw.dtype_name(k_cache) in fw.BYTE_DTYPES
     return _api.dense_decode(q, k_cache, block_table, cache_seqlens, d_v=head_dim_v,
                              softmax_scale=softmax_scale, causal=causal, schedule=schedule,
                              out=out, lse=lse, workspace=workspace, check_values=check_values,
                              kv_format=kv_format if as_cache else None,
-                             kv_layout=kv_layout if as_cache else "default")
+                             kv_layout=kv_layout if as_cache else "default",
+                             batch_invariant=invariant)
+
+
+def _keep_plan(sched: FlashMLASchedMeta, planned) -> None:
+    sched.tile_scheduler_metadata, sched.num_splits = planned
+    sched.planned = (sched.tile_scheduler_metadata, sched.num_splits)
 
 
 def _plannable_sparse(q, indices) -> bool:
@@ -271,15 +337,21 @@ def _sched_workspace(sched: FlashMLASchedMeta, q, d_v: int, h_kv: int = 1, spars
 
 
 def flash_mla_sparse_fwd(q, kv, indices, sm_scale: float, d_v: int = 512, attn_sink=None,
-                         topk_length=None, indexer_topk: int = 0):
+                         topk_length=None, indexer_topk: int = 0, *, out=None, max_logits=None,
+                         lse=None):
     """Sparse prefill. q [s_q, h_q, d_qk] bf16, kv [s_kv, h_kv, d_qk] bf16, indices
     [s_q, h_kv, topk] int32 (invalid: < 0 or >= s_kv). Returns (out [s_q, h_q, d_v] bf16,
-    max_logits [s_q, h_q] float32, lse [s_q, h_q] float32)."""
+    max_logits [s_q, h_q] float32, lse [s_q, h_q] float32).
+
+    out= (keyword): write the output into this bf16 [s_q, h_q, d_v] array, e.g. a slice of an
+    engine's output buffer (any strides with the last dim contiguous); it is the returned out.
+    max_logits= / lse= likewise (float32 [s_q, h_q])."""
     if indexer_topk:
         raise NotImplementedError("flash_mla_sparse_fwd: indexer_topk > 0 (the indexer lse) is "
                                   "not implemented in OpenMLA yet; pass indexer_topk=0")
     return _api.sparse_prefill(q, kv, indices, softmax_scale=sm_scale, d_v=d_v,
-                               attn_sink=attn_sink, topk_length=topk_length)
+                               attn_sink=attn_sink, topk_length=topk_length, out=out,
+                               max_logits=max_logits, lse=lse)
 
 
 def _dense_prefill_not_implemented(name: str):
