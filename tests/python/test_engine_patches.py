@@ -7,6 +7,7 @@ sitecustomize.py as the docs show (install()) and after the engine has imported 
 results must be OpenMLA's, bit for bit."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -357,3 +358,16 @@ def test_sglang_metadata_shapes_and_interfaces():
         omla_sglang.flash_mla_with_kvcache(q, k, table, lens, 512, md, ns, is_fp8_kvcache=True)
     with pytest.raises(TypeError, match="cache_seqlens"):
         omla_sglang.get_mla_metadata(lens.astype(np.int64), 16, 1)
+
+
+def test_the_examples_of_docs_engines_md_run(tmp_path):
+    """Every Python block of docs/engines.md runs as it is, in a fresh interpreter (the
+    sitecustomize blocks import nothing of the engines)."""
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "engines.md")
+    if not os.path.exists(doc):
+        pytest.skip("docs/ is not next to the tests (an installed copy of the tests)")
+    with open(doc, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        run(tmp_path, block)
