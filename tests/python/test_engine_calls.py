@@ -393,8 +393,9 @@ def test_sparse_prefill_bad_out_is_named():
     with pytest.raises(ValueError, match="out"):
         flash_mla.flash_mla_sparse_fwd(q, kv, idx, 0.1,
                                        out=np.zeros((4, 8, 1024), BF16)[:, :, ::2])
-    with pytest.raises(TypeError, match="positional"):   # out is keyword-only (FlashMLA's
-        flash_mla.flash_mla_sparse_fwd(                  # 8th positional is indexer_topk)q, kv, idx, 0.1, 512, None, None, 0,
+    # out is keyword-only: FlashMLA's 8th positional argument is indexer_topk.
+    with pytest.raises(TypeError, match="takes from 4 to 8 positional arguments but 9"):
+        flash_mla.flash_mla_sparse_fwd(q, kv, idx, 0.1, 512, None, None, 0,
                                        np.zeros((4, 8, 512), BF16))
 
 

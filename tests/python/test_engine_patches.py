@@ -319,7 +319,7 @@ def test_sglang_patch_after_import(tmp_path):
     assert "sglang on openmla: OK" in out
 
 
-# --- the older FlashMLA interface sgl_kernel keeps -------------------------------------------------
+# --- the older FlashMLA interface sgl_kernel keeps ------------------------------------------
 
 def test_sglang_metadata_shapes_and_interfaces():
     seqlens = np.array([5, 300, 0, 64], np.int32)

@@ -153,7 +153,7 @@ def test_dense_batch_invariant_over_a_quantised_cache_is_not_implemented():
                                          enable_batch_invariant=True)
 
 
-# --- a schedule built by hand (vLLM's batch-invariant dense path) ----------------------------------
+# --- a schedule built by hand (vLLM's batch-invariant dense path) ---------------------------
 
 def vllm_dense(q, k_cache, table, lengths):
     """vLLM's FlashMLA dense decode under VLLM_BATCH_INVARIANT, as written there: a one-row
