@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A clock-level model of sparse prefill's compute orders (src/cuda/sm90/sparse_decode/kernel.cuh,
 bf16 tiles by cp.async, d_qk 512, one 64-head CTA on one SM), for ranking orders before spending
-device time on them, as tools/pair_model.py does for dense decode. A ranking aid, not a forecast.
+device time on them, as research/pair_model.py does for dense decode. A ranking aid, not a forecast.
 
 What is modelled, tick by tick (TICK clocks), over many rounds of two 64-key tiles:
 - the tensor pipe, shared by the two compute warpgroups: each warpgroup's wgmma groups run in its

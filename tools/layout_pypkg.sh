@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Lays out the Python package as pip would, from a build tree's extension, into <build dir>/pypkg
 # (the Python modules plus _C*.so), for device runs that import it with PYTHONPATH=<that dir>.
-# Used by tools/device_check.sh and tools/sparse_ab.sh. Exits 1 when the extension is not built.
+# Used by tools/device_check.sh and by the GPU scripts in research/. Exits 1 when the extension
+# is not built.
 #   tools/layout_pypkg.sh <build dir>
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test that can run on this machine: the C++ CPU tier (ctest, then again under ASan +
 # UBSan), the C++ examples built against the installed library, the fuzz targets (tools/fuzz.sh),
-# models of the sparse kernel's seesaw and ring synchronisation (tools/seesaw_sync_model.py,
-# tools/ring_sync_model.py) and the Python
-# package's tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are compiled
-# once, by the Python package's build (`pip install .`), and a register spill or a serialised
-# wgmma pipeline in any kernel fails here; the host checks of the kernels' tile layouts
-# (tests/cuda_host) are compiled and run too. The C++ tier itself is built without CUDA: no
-# kernel runs on a machine without a GPU. GPU tests run on a Hopper GPU via
-# tools/device_check.sh. OPENMLA_SKIP_SANITIZE=1, OPENMLA_SKIP_FUZZ=1 and OPENMLA_SKIP_PYTHON=1
-# leave those steps out.
+# the model of the sparse kernel's seesaw synchronisation (tests/models/seesaw_sync_model.py) and
+# the Python package's tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are
+# compiled once, by the Python package's build (`pip install .`), and a register spill or a
+# serialised wgmma pipeline in any kernel fails here; the host checks of the kernels' tile layouts
+# (tests/cuda_host) are compiled and run too. The C++ tier itself is built without CUDA: no kernel
+# runs on a machine without a GPU. GPU tests run on a Hopper GPU via tools/device_check.sh.
+# OPENMLA_SKIP_SANITIZE=1, OPENMLA_SKIP_FUZZ=1 and OPENMLA_SKIP_PYTHON=1 leave those steps out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -69,21 +67,11 @@ if [ "${OPENMLA_SKIP_FUZZ:-0}" != 1 ]; then
   bash tools/fuzz.sh
 fi
 
-# The seesaw orders' and the ring fill's synchronisation (sparse_decode/kernel.cuh) as models under
-# random interleavings: no deadlock, no buffer race; and each deliberate bug of a self-test is found.
-echo "== the seesaw synchronisation model (tools/seesaw_sync_model.py)"
-python3 tools/seesaw_sync_model.py --schedules 300 | tail -n 1
-python3 tools/seesaw_sync_model.py --self-test --schedules 300
-echo "== the ring fill's synchronisation model (tools/ring_sync_model.py)"
-python3 tools/ring_sync_model.py --schedules 300 | tail -n 1
-python3 tools/ring_sync_model.py --self-test --schedules 300
-# (the slots in a CTA pair: a protocol checked before it is built)
-python3 tools/ring_sync_model.py --pair --schedules 300 | tail -n 1
-python3 tools/ring_sync_model.py --pair --self-test --schedules 300
-# The FP8 prefill kernel's V^T build and P's fragment order, byte by byte (fp8_kernel.cuh).
-echo "== the FP8 prefill's V^T transpose model (tools/fp8_vt_model.py)"
-python3 tools/fp8_vt_model.py
-python3 tools/fp8_vt_model.py --self-test
+# The seesaw order's synchronisation (sparse_attention/order_seesaw.cuh) as a model under random
+# interleavings: no deadlock, no buffer race; and each deliberate bug of its self-test is found.
+echo "== the seesaw synchronisation model (tests/models/seesaw_sync_model.py)"
+python3 tests/models/seesaw_sync_model.py --schedules 300 | tail -n 1
+python3 tests/models/seesaw_sync_model.py --self-test --schedules 300
 
 if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   echo "== Python: install the package into a fresh venv and run pytest"

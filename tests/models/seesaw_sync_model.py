@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A model of the sparse kernel's seesaw synchronisation (src/cuda/sm90/sparse_decode/kernel.cuh
-consume, producer.cuh produce_halves), run on the CPU under many random interleavings to find
-deadlocks and buffer races before a GPU does. It mirrors the order of every barrier operation and
-every shared-memory buffer access of the three warpgroups, for the committed seesaw order, the
-staggered one (kStagger); each warpgroup is one agent (its four warps act alike), each named
-barrier counts warpgroups (128 threads each), each mbarrier counts warp arrivals.
+"""A model of the sparse kernel's seesaw synchronisation (src/cuda/sm90/sparse_attention/
+order_seesaw.cuh consume_seesaw, fill_bf16.cuh fill_halves), run on the CPU under many random
+interleavings to find deadlocks and buffer races before a GPU does. It mirrors the order of every
+barrier operation and every shared-memory buffer access of the three warpgroups, for the seesaw
+order with staggered maxima (the kernel's) and the plain seesaw order; each warpgroup is one agent
+(its four warps act alike), each named barrier counts warpgroups (128 threads each), each
+mbarrier counts warp arrivals.
 
 Checked, for tile counts 0..8 and many schedules each:
   * no deadlock (some agent can always move until all are done);
@@ -13,10 +14,11 @@ Checked, for tile counts 0..8 and many schedules each:
   * every read of a buffer (a stage half, P of stage s, the row-max slots) sees the version its
     reader expects, i.e. no write lands between the write a read depends on and that read.
 
-  python3 tools/seesaw_sync_model.py [--schedules 2000] [--order both|seesaw|stagger]
+  python3 tests/models/seesaw_sync_model.py [--schedules 2000] [--order all|seesaw|stagger]
+  python3 tests/models/seesaw_sync_model.py --self-test [--schedules 300]
 
-Keep it in step with kernel.cuh: a change to the order of barriers or buffer accesses there is
-a change here. Exit status 1 on any finding.
+Keep it in step with order_seesaw.cuh and fill_halves: a change to the order of barriers or
+buffer accesses there is a change here. Exit status 1 on any finding.
 """
 from __future__ import annotations
 

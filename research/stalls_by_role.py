@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a sparse decode kernel's warps wait, by warpgroup: an ncu source page (one row per SASS
-instruction, `ncu --import REP --page source --csv --print-source sass`, as tools/profile_fill.sh
+instruction, `ncu --import REP --page source --csv --print-source sass`, as research/profile_fill.sh
 writes it) joined with the same kernel's inlining chains (`nvdisasm -gi` of a cubin built with
 -lineinfo). Each instruction goes to the role whose call in sparse_decode_kernel (kernel.cuh)
 its chain passes through: the producer's fills, WG1 or WG0 (their consume calls); the rest is the
@@ -11,7 +11,7 @@ The cubin must hold the profiled kernel's exact SASS (the opcodes are compared):
 instantiation here with the device build's flags (-O3 -lineinfo, sm_90a) and check with
 cuobjdump that it matches, or take it from the device build.
 
-  python3 tools/stalls_by_role.py fill_ring1_sass.csv ring_dense_d576.cubin [--kernel 'Li1EE']
+  python3 research/stalls_by_role.py fill_ring1_sass.csv ring_dense_d576.cubin [--kernel 'Li1EE']
 """
 from __future__ import annotations
 

@@ -9,13 +9,13 @@ producer's decode (or the MMA it serialises with) is. The bf16 kernel is timed t
 e.g. OPENMLA_SPARSE_RING=0) is timed in the same rounds, L2 flushed and instruction caches
 evicted before each call (docs/benchmarking.md).
 
-    PYTHONPATH=build-device/pypkg python3 tools/probe_fill_bound.py [--seqlen 8192] \
+    PYTHONPATH=build-device/pypkg python3 research/probe_fill_bound.py [--seqlen 8192] \
         [--setting OPENMLA_SPARSE_RING=0] ...
 
 With --once FMT it makes one warm-up call and one more over FMT with the L2 table and exits, for
 a profiler to take that launch (where the producer's warps stall):
     ncu --set full --import-source yes -k regex:sparse_decode_kernel -s 1 -c 1 -o $OUT/fill \
-        python3 tools/probe_fill_bound.py --once fp8_v32
+        python3 research/probe_fill_bound.py --once fp8_v32
 """
 from __future__ import annotations
 

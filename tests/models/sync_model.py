@@ -1,7 +1,6 @@
-"""The scheduler shared by the synchronisation models (tools/seesaw_sync_model.py,
-tools/ring_sync_model.py): agents are generators that yield a predicate they wait for; a random
-schedule runs any agent whose predicate holds until all are done, and a state where none can
-move is a deadlock."""
+"""The scheduler of the synchronisation models (tests/models/seesaw_sync_model.py): agents are
+generators that yield a predicate they wait for; a random schedule runs any agent whose predicate
+holds until all are done, and a state where none can move is a deadlock."""
 from __future__ import annotations
 
 import random

@@ -6,7 +6,7 @@
 # dense_kv.txt into $OUT.
 #
 #   s=$(date +%s); SKIP_BENCH=1 OUT=$OUT tools/device_check.sh;
-#   BUDGET=$((585 - $(date +%s) + s)) OUT=$OUT tools/sparse_ab.sh
+#   BUDGET=$((585 - $(date +%s) + s)) OUT=$OUT research/sparse_ab.sh
 #                                  (carry [".deps", ".peers", ".pydeps"]; from the repository root;
 #                                  one device call: the machine is released 30 s after a call)
 #

@@ -5,7 +5,7 @@ run a few times under torch.profiler, each kernel's median time a call, for the 
 (each named slot dequantised once), with --direct for the path that decodes keys where they are
 gathered, and with --fp8 for the FP8 tensor-core path (fp8_tensor_cores=True). Needs the laid-out package on PYTHONPATH (tools/layout_pypkg.sh).
 
-  PYTHONPATH=build-device/pypkg python3 tools/profile_prefill_from_cache.py [--fmt fp8_model1]
+  PYTHONPATH=build-device/pypkg python3 research/profile_prefill_from_cache.py [--fmt fp8_model1]
       [--h-q 128] [--direct | --fp8]
 """
 import argparse

@@ -39,7 +39,7 @@ fence, leaves the pipe idle between groups. bench_wgmma_rates at commit a2f68d2 
 measures that on the device. The model's pipe-bound floor is then ~5.5k a pair, which v14/v17 reached from
 L2. Treat its figures as a ranking aid, not a prediction.
 
-    python3 tools/pair_model.py            # every order, L2 and DRAM refills
+    python3 research/pair_model.py            # every order, L2 and DRAM refills
 """
 import argparse
 
