@@ -1,0 +1,12 @@
+// The sparse attention kernel, d_qk 512, dense mode (keys through a block table), the standard
+// order.
+#include "cuda/sm90/sparse_attention/forms.h"
+#include "cuda/sm90/sparse_attention/kernel.cuh"
+
+namespace openmla::cuda::sm90 {
+template <>
+cudaError_t launch_sparse_form<512, true, 1, false>(const SparseAttentionParams& params,
+                                                     cudaStream_t stream) {
+  return launch_sparse_traits<SparseTraits<512, true, 1, false>>(params, stream);
+}
+}  // namespace openmla::cuda::sm90
