@@ -155,38 +155,16 @@ def time_calls(calls, rounds: int):
     return [statistics.median(spans[k::len(calls)]) for k in range(len(calls))]
 
 
-# --ab settings: each is an extra OpenMLA call with those environment switches set (the library
-# reads its OPENMLA_SPARSE_* switches at every launch), timed in the same interleaved rounds.
-AB: list[dict[str, str]] = []
-
-
-def with_env(fn, env: dict[str, str]):
-    def call():
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
-    return call
-
-
-def ab_label(env: dict[str, str]) -> str:
-    return ",".join(f"{k.removeprefix('OPENMLA_SPARSE_')}={v}" for k, v in env.items())
-
-
-def ab_note(base_us: float, ab_us) -> str:
-    """The --ab calls' times and their speedup over the default (time default / time variant)."""
-    return "; ".join(f"{ab_label(env)}: {t:.1f} µs ({base_us / t:.3f}x)" for env, t in zip(AB, ab_us))
+def lengths(b: int, s_q: int, topk: int, gen):
+    """[b, s_q] random counts in [topk / 2, topk] (int32)."""
+    return torch.randint(topk // 2, topk + 1, (b, s_q), dtype=torch.int32, device=DEV,
+                         generator=gen)
 
 
 def run_case(fmt, b, s_q, h_q, topk, *, region=32768, page=64, extra=None, rounds=20, seed=0,
-             peer_ok=True, copy_gbs=None):
-    """extra: (fmt, topk, page, region) of a second cache. Returns a dict of results."""
+             peer_ok=True, copy_gbs=None, extra_len=False):
+    """extra: (fmt, topk, page, region) of a second cache; extra_len: extra_topk_length given
+    (random counts). Returns a dict of results."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
     d = D_QK[fmt]
     cache = make_cache(fmt, b * region, page, gen)
@@ -199,6 +177,8 @@ def run_case(fmt, b, s_q, h_q, topk, *, region=32768, page=64, extra=None, round
         ecache = make_cache(efmt, b * eregion, epage, gen)
         eidx = make_indices(b, s_q, extra_topk, eregion, ecache.shape[0] * epage, gen)
         kw = dict(extra_k_cache=ecache, extra_indices_in_kvcache=eidx)
+        if extra_len:
+            kw["extra_topk_length"] = lengths(b, s_q, extra_topk, gen)
     meta_o, _ = omla.get_mla_metadata()
 
     def ours():
@@ -224,35 +204,31 @@ def run_case(fmt, b, s_q, h_q, topk, *, region=32768, page=64, extra=None, round
         err = ((o1.float() - o2[:, :, :h_q].float()).norm() / o2[:, :, :h_q].float().norm()).item()
         if not err < 2e-2:
             raise RuntimeError(f"OpenMLA and FlashMLA disagree: relative error {err:.3e}")
-    calls += [with_env(ours, env) for env in AB]
     times = time_calls(calls, rounds)
-    ab_us = times[len(times) - len(AB):]
-    times = times[:len(times) - len(AB)]
     keys = topk + extra_topk
     flops = 2 * b * s_q * h_q * keys * (d + 512)
     kv_bytes = b * s_q * (topk * BPT[fmt] + (extra_topk * BPT[extra[0]] if extra else 0))
     io_bytes = kv_bytes + b * s_q * h_q * (d + 512) * 2 + b * s_q * keys * 4
     res = {"us": times[0], "tflops": flops / times[0] / 1e6, "gbs": io_bytes / times[0] / 1e3,
            "peer_us": times[1] if len(times) > 1 else None,
-           "floor_us": io_bytes / (copy_gbs * 1e3) if copy_gbs else None, "ab_us": ab_us}
+           "floor_us": io_bytes / (copy_gbs * 1e3) if copy_gbs else None}
     del cache
     torch.cuda.empty_cache()
     return res
 
 
-def prefill_rows(rounds: int, copy_gbs: float, quick: bool, cache_only: bool = False) -> None:
-    """Sparse prefill side by side (bf16 kv), then prefill straight from an FP8 cache against what
-    an engine does today without it: convert the cache to bf16, then the bf16 prefill."""
+def prefill_rows(rounds: int, quick: bool) -> list:
+    """Sparse prefill side by side on FlashMLA's prefill grid (bf16 kv, s_q 4096), then prefill
+    straight from an FP8 cache against what an engine does without it: convert the cache to
+    bf16, then the bf16 prefill. Returns the speedups over FlashMLA."""
     print("\nsparse prefill, s_q 4096: kernel-only µs (TFLOP/s = 2 s_q h_q topk (d_qk + 512))")
     print("| d_qk | h_q | topk | s_kv | OpenMLA µs | TFLOP/s | FlashMLA µs | speedup |")
     print("|---|---|---|---|---|---|---|---|")
     s_q = 4096
-    grid = [(d, h, 2048, s) for d in (576, 512) for h in (128, 64) for s in (8192, 32768)]
-    grid += [(512, 64, 512, 32768), (512, 128, 1024, 32768)]
+    grid = [(d, h, topk, s) for d, h, topk in ((576, 128, 2048), (512, 64, 512), (512, 128, 1024))
+            for s in (8192, 32768, 131072)]
     if quick:
         grid = grid[:2]
-    if cache_only:
-        grid = []
     ratios = []
     for d, h, topk, s_kv in grid:
         gen = torch.Generator(device=DEV).manual_seed(d + h + topk + s_kv)
@@ -267,22 +243,13 @@ def prefill_rows(rounds: int, copy_gbs: float, quick: bool, cache_only: bool = F
             err = ((o1 - o2).norm() / o2.norm()).item()
             if not err < 2e-2:
                 raise RuntimeError(f"prefill: OpenMLA and FlashMLA disagree: {err:.3e}")
-        for env in AB:  # a variant is timed only if it gives the default's answer
-            o_ab, o_def = with_env(calls[0], env)()[0].float(), calls[0]()[0].float()
-            err = ((o_ab - o_def).norm() / o_def.norm()).item()
-            if not err < 1e-2:
-                raise RuntimeError(f"prefill: {ab_label(env)} disagrees with the default: {err:.3e}")
-        calls += [with_env(calls[0], env) for env in AB]
         t = time_calls(calls, rounds)
-        ab_us = t[len(t) - len(AB):]
-        t = t[:len(t) - len(AB)]
         tflops = 2 * s_q * h * topk * (d + 512) / t[0] / 1e6
         peer_s = f"{t[1]:.0f}" if len(t) > 1 else ""
         speed = f"{t[1] / t[0]:.2f}x" if len(t) > 1 else ""
         if len(t) > 1:
             ratios.append(t[1] / t[0])
-        ab = f" {ab_note(t[0], ab_us)} |" if AB else ""
-        print(f"| {d} | {h} | {topk} | {s_kv} | {t[0]:.0f} | {tflops:.0f} | {peer_s} | {speed} |{ab}",
+        print(f"| {d} | {h} | {topk} | {s_kv} | {t[0]:.0f} | {tflops:.0f} | {peer_s} | {speed} |",
               flush=True)
         del kv
     if ratios:
@@ -290,13 +257,11 @@ def prefill_rows(rounds: int, copy_gbs: float, quick: bool, cache_only: bool = F
               f"{statistics.geometric_mean(ratios):.3f}x (min {min(ratios):.2f}, max "
               f"{max(ratios):.2f})")
     print("\nsparse prefill from an FP8 cache (s_q 4096, topk 2048, s_kv 32768): straight from the "
-          "cache vs convert-to-bf16 + bf16 prefill (what an engine does without it); then the "
-          "opt-in FP8 tensor-core path (fp8_tensor_cores=True): its time, its speedup over "
-          "convert + bf16 prefill and over FlashMLA's bf16 prefill on the converted rows "
-          "(kernel only), and its out's relative L2 error against the bf16 path's")
-    print("| cache | h_q | from cache µs | convert + bf16 prefill µs | speedup | FP8 path µs | "
-          "FP8 vs convert + bf16 | FlashMLA bf16 µs | FP8 vs FlashMLA | FP8 path error |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "cache vs convert-to-bf16 + bf16 prefill (what an engine does without it), and "
+          "FlashMLA's bf16 prefill on the converted rows (kernel only)")
+    print("| cache | h_q | from cache µs | convert + bf16 prefill µs | speedup | FlashMLA bf16 µs | "
+          "from cache vs FlashMLA |")
+    print("|---|---|---|---|---|---|---|")
     for fmt in ("fp8_v32", "fp8_model1") if not quick else ("fp8_v32",):
         for h in (64, 128):
             d = D_QK[fmt]
@@ -315,25 +280,17 @@ def prefill_rows(rounds: int, copy_gbs: float, quick: bool, cache_only: bool = F
                 openmla.kv_cache_gather(cache, slots, out=bf)
                 return openmla.sparse_prefill(q, bf.view(32768, 1, d), idx)
 
-            def fp8_path():
-                return openmla.sparse_prefill_from_cache(q, cache, idx, fp8_tensor_cores=True)
-
-            o_ref = from_cache()[0].float()
-            o_fp8 = fp8_path()[0].float()
-            fp8_err = ((o_fp8 - o_ref).norm() / o_ref.norm()).item()
-            if not fp8_err < 0.2:
-                raise RuntimeError(f"prefill: the FP8 path is off the bf16 path: {fp8_err:.3e}")
-            calls = [from_cache, convert_then_prefill, fp8_path]
+            calls = [from_cache, convert_then_prefill]
             if peer is not None:
                 openmla.kv_cache_gather(cache, slots, out=bf)
                 kv_bf = bf.view(32768, 1, d)
                 calls.append(lambda: peer.flash_mla_sparse_fwd(q, kv_bf, idx, d ** -0.5, 512))
-            t = time_calls(calls + [with_env(from_cache, env) for env in AB], rounds)
-            ab = f" {ab_note(t[0], t[len(calls):])} |" if AB else ""
-            peer_s = f"{t[3]:.0f} | {t[3] / t[2]:.2f}x" if peer is not None else " | "
-            print(f"| {fmt} | {h} | {t[0]:.0f} | {t[1]:.0f} | {t[1] / t[0]:.2f}x | {t[2]:.0f} | "
-                  f"{t[1] / t[2]:.2f}x | {peer_s} | {fp8_err:.2e} |{ab}", flush=True)
+            t = time_calls(calls, rounds)
+            peer_s = f"{t[2]:.0f} | {t[2] / t[0]:.2f}x" if peer is not None else " | "
+            print(f"| {fmt} | {h} | {t[0]:.0f} | {t[1]:.0f} | {t[1] / t[0]:.2f}x | {peer_s} |",
+                  flush=True)
             del cache
+    return ratios
 
 
 def main(argv) -> int:
@@ -342,18 +299,12 @@ def main(argv) -> int:
     ap.add_argument("--quick", action="store_true", help="a few rows only")
     ap.add_argument("--only", choices=["decode", "prefill"], default=None)
     ap.add_argument("--rows", choices=["all", "compared", "small-batch"], default="all",
-                    help="for A/B runs of a switch: decode's rows with a FlashMLA column (and, "
-                         "with --only prefill, only the rows from an FP8 cache), or decode's "
-                         "small-batch rows")
-    ap.add_argument("--ab", action="append", default=[], metavar="VAR=V[,VAR=V]",
-                    help="also time OpenMLA with these environment switches set (e.g. "
-                         "OPENMLA_SPARSE_STAGGER=1), in the same rounds; repeatable")
+                    help="decode's rows: all, only those with a FlashMLA column (FlashMLA's "
+                         "production grid), or the small-batch rows")
     ap.add_argument("--icache", choices=["cold", "mixed"], default="cold",
                     help="cold: instruction caches evicted before every timed call (bench/"
-                         "icache.py); mixed: as the previous call left them (the earlier method)")
+                         "icache.py); mixed: as the previous call left them")
     args = ap.parse_args(argv)
-    for spec in args.ab:
-        AB.append(dict(kv.split("=", 1) for kv in spec.split(",")))
     global COLD_ICACHE
     COLD_ICACHE = args.icache == "cold"
     name = torch.cuda.get_device_name()
@@ -363,7 +314,7 @@ def main(argv) -> int:
           f"caches, median of {args.rounds}; "
           f"FlashMLA {'present' if peer is not None else 'absent'}")
     if args.only == "prefill":
-        prefill_rows(args.rounds, copy_gbs, args.quick, args.rows == "compared")
+        prefill_rows(args.rounds, args.quick)
         return 0
     print("| cache | b | s_q | h_q | topk | OpenMLA µs | TFLOP/s | GB/s | FlashMLA µs | speedup "
           "| note |")
@@ -377,47 +328,58 @@ def main(argv) -> int:
             note = (note + " FlashMLA padded to 64 heads").strip()
         if r["floor_us"] and b <= 8:
             note = (note + f" DRAM floor {r['floor_us']:.1f} µs ({r['us'] / r['floor_us']:.1f}x)").strip()
-        if AB:
-            note = (note + " " + ab_note(r["us"], r["ab_us"])).strip()
         print(f"| {fmt} | {b} | {s_q} | {h_q} | {topk} | {r['us']:.1f} | {r['tflops']:.0f} | "
               f"{r['gbs']:.0f} | {peer_s} | {speed} | {note} |", flush=True)
         return r
 
+    # FlashMLA's production grid (its sparse decode test's performance cases): V3.2 (fp8_v32)
+    # h_q 128 and 64, s_q 2, topk 2048; V4 (fp8_model1) topk 128 on page 256 (256 keys a request)
+    # plus an extra cache; the peak cases (b 148, topk 16384).
     ratios = []
-    grid = [(f, b, h, s) for f in ("fp8_v32", "fp8_model1") for b in (64, 128) for h in (64, 128)
-            for s in (1, 2)]
-    if args.rows == "small-batch":
-        grid = []
+    grid = []
+    if args.rows != "small-batch":
+        grid += [("fp8_v32", b, 2, h, 2048, "", {}) for h in (128, 64) for b in (2, 64, 128)]
+        v4 = [(512, 64, False), (1024, 64, True), (512, 2, True), (1024, 2, False)]
+        for etopk, epage, elen in v4:
+            for h in (64, 128):
+                for b in (2, 74, 148, 256):
+                    note = (f"V4: + extra topk {etopk} page {epage}" +
+                            (" +extra_topk_length" if elen else ""))
+                    grid.append(("fp8_model1", b, 2, h, 128, note,
+                                 dict(page=256, region=256, extra=("fp8_model1", etopk, epage, 2048),
+                                      extra_len=elen)))
+        grid += [(f, 148, 1, 128, 16384, "peak", dict(region=32768))
+                 for f in ("fp8_v32", "fp8_model1")]
     if args.quick:
-        grid = [("fp8_v32", 128, 128, 1), ("fp8_model1", 64, 64, 2)]
-    for f, b, h, s in grid:
-        r = row(f, b, s, h, 2048)
-        if r["peer_us"]:
-            ratios.append(r["peer_us"] / r["us"])
-    for h in (64, 128) if args.rows != "small-batch" else ():
-        # FlashMLA's V4 case: topk 128 on page 256 + extra topk 1024 on page 64
-        r = row("fp8_model1", 128, 2, h, 128, "V4: + extra fp8_model1 topk 1024 page 64",
-                page=256, region=16384, extra=("fp8_model1", 1024, 64, 16384))
+        grid = grid[:1] + grid[6:7]
+    for f, b, s, h, topk, note, kw in grid:
+        r = row(f, b, s, h, topk, note, **kw)
         if r["peer_us"]:
             ratios.append(r["peer_us"] / r["us"])
     if ratios:
         gm = statistics.geometric_mean(ratios)
-        print(f"\ngeometric mean speedup over FlashMLA on the {len(ratios)} compared rows: "
+        print(f"\ngeometric mean speedup over FlashMLA on its production grid ({len(ratios)} rows): "
               f"{gm:.3f}x (min {min(ratios):.2f}, max {max(ratios):.2f})")
     if args.rows == "compared":
         return 0
     print()
-    for fmt in ("fp8_v32", "fp8_model1", "fp8_mx", "fp4", "bf16") if args.rows == "all" else ():
-        for h in (8, 16, 32, 64, 128):
-            if args.quick and h not in (16, 128):
-                continue
-            row(fmt, 64, 1, h, 2048, peer_ok=fmt in ("fp8_v32", "fp8_model1") and h < 64)
-    print()
+    small = []
     for b in (1, 4, 8):  # the small-batch serving rows (tensor parallelism: 16 heads)
-        row("fp8_v32", b, 1, 16, 2048)
-        row("fp8_model1", b, 1, 16, 2048)
+        for f in ("fp8_v32", "fp8_model1"):
+            r = row(f, b, 1, 16, 2048)
+            if r["peer_us"]:
+                small.append(r["peer_us"] / r["us"])
+    if small:
+        print(f"\nsmall batches (h_q 16) against FlashMLA padded to 64 heads: geometric mean "
+              f"{statistics.geometric_mean(small):.3f}x (min {min(small):.2f})")
     if args.rows == "small-batch":
         return 0
+    print()
+    for fmt in ("fp8_v32", "fp8_model1", "fp8_mx", "fp4", "bf16"):
+        for h in (8, 16, 32, 64, 128):
+            if (args.quick or fmt not in ("fp8_v32", "fp8_model1")) and h not in (16, 128):
+                continue
+            row(fmt, 64, 1, h, 2048, peer_ok=fmt in ("fp8_v32", "fp8_model1") and h < 64)
     print("\nbatch-invariant mode (no split-KV) against the default plan, fp8_v32, h_q 16/128, "
           "s_q 1, topk 2048")
     print("| b | h_q | default µs | batch_invariant µs | cost |")
@@ -433,7 +395,7 @@ def main(argv) -> int:
         print(f"| {b} | {h} | {t[0]:.1f} | {t[1]:.1f} | {t[1] / t[0]:.2f}x |", flush=True)
         del cache
     if args.only is None:
-        prefill_rows(args.rounds, copy_gbs, args.quick)
+        prefill_rows(args.rounds, args.quick)
     return 0
 
 
