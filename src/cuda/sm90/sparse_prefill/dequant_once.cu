@@ -51,7 +51,7 @@ __device__ __forceinline__ int32_t index_at(const IndexRows& r, int64_t t, int64
 
 // Step 1. Most indices repeat a slot already marked, and the marked slots' words are few (1024
 // for 32768 slots: 32 lines of L2), so every index's atomic, or its read of the word from L2,
-// would queue on a few L2 lines (sparse_prefill/NOTES.md has the measurement). A block keeps a
+// would queue on a few L2 lines. A block keeps a
 // direct-mapped filter in shared memory of the words it has marked: entry = word << 32 | bits
 // that atomicOr returned set (a subset of the word's bits in memory, whichever thread stored it
 // last, as a 64-bit store is whole), and skips an index whose bit the entry holds. Four blocks
