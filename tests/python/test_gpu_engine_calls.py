@@ -158,13 +158,14 @@ def test_dense_batch_invariant_over_a_quantised_cache_is_not_implemented():
 def vllm_dense(q, k_cache, table, lengths):
     """vLLM's FlashMLA dense decode under VLLM_BATCH_INVARIANT, as written there: a one-row
     tile_scheduler_metadata in FlashMLA's layout (64-key blocks) and an all-zero num_splits,
-    made on the device and assigned before the call."""
+    made on the device and assigned before the call (by device fills: under CUDA-graph capture a
+    Python scalar's host-to-device copy is not allowed)."""
     meta, _ = flash_mla.get_mla_metadata(lengths, q.shape[1] * q.shape[2], 1,
                                          is_fp8_kvcache=False)
     b = q.shape[0]
     md = torch.zeros((1, 8), dtype=torch.int32, device=q.device)
-    md[0, 2] = b - 1
-    md[0, 3] = table.shape[-1] // 64
+    md[0, 2].fill_(b - 1)
+    md[0, 3].fill_(table.shape[-1] // 64)
     meta.tile_scheduler_metadata = md
     meta.num_splits = torch.zeros((b + 1,), dtype=torch.int32, device=q.device)
     return flash_mla.flash_mla_with_kvcache(q=q, k_cache=k_cache, block_table=table,
