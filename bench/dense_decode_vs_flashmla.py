@@ -13,6 +13,8 @@ h_q = 128 (compute-bound) every format >= 0.95x. A format the build has no kerne
 
   PYTHONPATH=<openmla package>:<FlashMLA package> python3 bench/dense_decode_vs_flashmla.py
       [--rounds N] [--kv-formats | --no-kv-formats] [--kv-layout default|interleaved]
+      [--ab VAR=V[,VAR=V]]...   (each quantised format also timed with these environment
+                                 settings, in the same rounds: an A/B of a kernel switch)
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import torch
 import openmla
 import openmla.flash_mla as omla
 import sparse_decode_vs_flashmla as sparse_bench
-from sparse_decode_vs_flashmla import BPT, D_QK, DEV, ceilings, peer, time_calls
+from sparse_decode_vs_flashmla import (AB, BPT, D_QK, DEV, ab_note, ceilings, peer, time_calls,
+                                       with_env)
 
 SHAPES = [  # (b, s_q, h_q, seqlen): the grid of FlashMLA's published dense figures
     (128, 1, 16, 1024), (128, 1, 16, 4096), (128, 1, 16, 8192), (128, 1, 16, 32768),
@@ -187,7 +190,11 @@ def kv_format_rows(rounds: int, layout: str) -> None:
                 qf, caches[fmt], table, seqlens, schedule=sched, kv_format=fmt,
                 kv_layout=layout))
             timed.append(fmt)
-        t = time_calls(calls, rounds)
+        # The --ab variants of each timed format, after the defaults (same rounds).
+        ab_calls = [with_env(calls[(2 if peer is not None else 1) + k], env)
+                    for k in range(len(timed)) for env in AB]
+        t = time_calls(calls + ab_calls, rounds)
+        t_ab = t[len(calls):]
         t_bf16 = t[0]
         peer_s = f"{t[1]:.1f}" if peer is not None else ""
         first = 2 if peer is not None else 1
@@ -208,6 +215,8 @@ def kv_format_rows(rounds: int, layout: str) -> None:
                     misses.append(f"{fmt} b {b} s_q {s_q} h_q {h_q} seqlen {seqlen}: "
                                   f"{ratio:.2f}x < {goal}x")
             cells[fmt] = f"{us:.1f} µs {ratio:.2f}x {gbs:.0f} GB/s{verdict}"
+            if AB:
+                cells[fmt] += f" ({ab_note(us, t_ab[k * len(AB):(k + 1) * len(AB)])})"
         bf16_gbs = b * seqlen * BPT["bf16"] / t_bf16 / 1e3
         print(f"| {b} | {s_q} | {h_q} | {seqlen} | {bound} | {t_bf16:.1f} ({bf16_gbs:.0f}) | "
               f"{peer_s} | " + " | ".join(cells[f] for f in KV_FORMATS) + " |", flush=True)
@@ -229,10 +238,14 @@ def main(argv) -> int:
     which.add_argument("--no-kv-formats", action="store_true",
                        help="only the bf16 side by side")
     ap.add_argument("--kv-layout", choices=("default", "interleaved"), default="default")
+    ap.add_argument("--ab", action="append", default=[], metavar="VAR=V[,VAR=V]",
+                    help="also time each quantised format with these environment settings")
     ap.add_argument("--icache", choices=["cold", "mixed"], default="cold",
                     help="cold: instruction caches evicted before every timed call (bench/"
                          "icache.py); mixed: as the previous call left them (the earlier method)")
     args = ap.parse_args(argv)
+    for spec in args.ab:
+        AB.append(dict(kv.split("=", 1) for kv in spec.split(",")))
     sparse_bench.COLD_ICACHE = args.icache == "cold"
     rounds = args.rounds_pos if args.rounds_pos is not None else args.rounds
     copy_gbs, gemm = ceilings()

@@ -67,27 +67,3 @@ if(NOT _dense_decode_expected STREQUAL _dense_decode_files)
   message(FATAL_ERROR "dense decode: src/cuda/sm90/attention/supported.h declares the kernels "
                       "${_dense_decode_expected} but instantiations/ holds ${_dense_decode_files}")
 endif()
-
-# The sparse attention forms are exactly those src/cuda/sm90/sparse_attention/forms.h lists
-# (OPENMLA_SM90_SPARSE_FORMS, which also drives the launch's dispatch): one
-# instantiations/<mode>_d<d_qk>_<order>.cu per X(d_qk, dense, cluster, seesaw, mode, order) entry.
-set(_forms_h ${PROJECT_SOURCE_DIR}/src/cuda/sm90/sparse_attention/forms.h)
-file(READ ${_forms_h} _forms_text)
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_forms_h})
-string(REPLACE "\\\n" " " _forms_text "${_forms_text}")
-string(REGEX MATCH "#define OPENMLA_SM90_SPARSE_FORMS[^\n]*" _forms_macro "${_forms_text}")
-string(REGEX MATCHALL "X\\([0-9]+, [a-z]+, [0-9], [a-z]+, [a-z]+, [a-z]+\\)" _form_entries
-       "${_forms_macro}")
-set(_forms_expected)
-foreach(_entry IN LISTS _form_entries)
-  string(REGEX MATCH "X\\(([0-9]+), [a-z]+, [0-9], [a-z]+, ([a-z]+), ([a-z]+)\\)" _match "${_entry}")
-  list(APPEND _forms_expected "${CMAKE_MATCH_2}_d${CMAKE_MATCH_1}_${CMAKE_MATCH_3}.cu")
-endforeach()
-set(_forms_dir ${PROJECT_SOURCE_DIR}/src/cuda/sm90/sparse_attention/instantiations)
-file(GLOB _forms_files RELATIVE ${_forms_dir} CONFIGURE_DEPENDS ${_forms_dir}/*.cu)
-list(SORT _forms_expected)
-list(SORT _forms_files)
-if(NOT _forms_expected OR NOT _forms_expected STREQUAL _forms_files)
-  message(FATAL_ERROR "sparse attention: src/cuda/sm90/sparse_attention/forms.h lists the forms "
-                      "${_forms_expected} but instantiations/ holds ${_forms_files}")
-endif()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test that can run on this machine: the C++ CPU tier (ctest, then again under ASan +
 # UBSan), the C++ examples built against the installed library, the fuzz targets (tools/fuzz.sh),
-# the model of the sparse kernel's seesaw synchronisation (tests/models/seesaw_sync_model.py) and
-# the Python package's tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are
+# the models of the sparse kernel's seesaw and ring synchronisation and of the FP8 prefill's V^T
+# (tests/models/) and the Python package's tests (pytest, CPU backend). On a machine with nvcc the CUDA kernels are
 # compiled once, by the Python package's build (`pip install .`), and a register spill or a
 # serialised wgmma pipeline in any kernel fails here; the host checks of the kernels' tile layouts
 # (tests/cuda_host) are compiled and run too. The C++ tier itself is built without CUDA: no kernel
@@ -67,11 +67,21 @@ if [ "${OPENMLA_SKIP_FUZZ:-0}" != 1 ]; then
   bash tools/fuzz.sh
 fi
 
-# The seesaw order's synchronisation (sparse_attention/order_seesaw.cuh) as a model under random
-# interleavings: no deadlock, no buffer race; and each deliberate bug of its self-test is found.
+# The seesaw orders' and the ring fill's synchronisation (sparse_decode/kernel.cuh) as models under
+# random interleavings: no deadlock, no buffer race; and each deliberate bug of a self-test is found.
 echo "== the seesaw synchronisation model (tests/models/seesaw_sync_model.py)"
 python3 tests/models/seesaw_sync_model.py --schedules 300 | tail -n 1
 python3 tests/models/seesaw_sync_model.py --self-test --schedules 300
+echo "== the ring fill's synchronisation model (tests/models/ring_sync_model.py)"
+python3 tests/models/ring_sync_model.py --schedules 300 | tail -n 1
+python3 tests/models/ring_sync_model.py --self-test --schedules 300
+# (the slots in a CTA pair)
+python3 tests/models/ring_sync_model.py --pair --schedules 300 | tail -n 1
+python3 tests/models/ring_sync_model.py --pair --self-test --schedules 300
+# The FP8 prefill kernel's V^T build and P's fragment order, byte by byte (fp8_kernel.cuh).
+echo "== the FP8 prefill's V^T transpose model (tests/models/fp8_vt_model.py)"
+python3 tests/models/fp8_vt_model.py
+python3 tests/models/fp8_vt_model.py --self-test
 
 if [ -f pyproject.toml ] && [ "${OPENMLA_SKIP_PYTHON:-0}" != 1 ]; then
   echo "== Python: install the package into a fresh venv and run pytest"

@@ -137,6 +137,11 @@ struct SparsePrefillArgs {
   TensorView attn_sink;    // optional [h_q] fp32
   int d_v = 512;
   float softmax_scale = 0.f;
+  // Opt-in, with a quantised kv_cache only (d_qk 576 or 512, d_v 512): both products on FP8
+  // tensor cores, q and P rounded to e4m3 and each key re-quantised to one power-of-two scale.
+  // Its error is about 10-40x the bf16 path's, and on an H100 it is not yet faster than the
+  // default (docs/semantics.md, sparse prefill; bench/RESULTS.md).
+  bool fp8_tensor_cores = false;
   TensorView out;          // [s_q, h_q, d_v] bf16
   TensorView max_logits;   // [s_q, h_q] fp32 (max scaled logit; -inf for a lonely query)
   TensorView lse;          // [s_q, h_q] fp32 (+inf for a lonely query)

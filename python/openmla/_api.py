@@ -424,9 +424,10 @@ def sparse_prefill(q, kv, indices, *, softmax_scale: Optional[float] = None, d_v
 
 def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length, out,
                  max_logits, lse, stream, cache_format=None, cache_layout=None,
-                 dequantize_once=None, workspace=None):
+                 dequantize_once=None, workspace=None, fp8_tensor_cores=False):
     """Outputs allocated or checked, then the extension's sparse_prefill: keys are kv rows, or a
-    paged cache when cache_layout is given (then the workspace as dequantize_once asks)."""
+    paged cache when cache_layout is given (then the workspace as dequantize_once asks, or with
+    fp8_tensor_cores the size with topk and k_cache, which that path needs)."""
     s_q, h_q, _ = _shape(q)
     if out is None:
         out = frame.empty((s_q, h_q, d_v), "bf16", q, op, "out")
@@ -442,22 +443,28 @@ def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length
         _check_out(op, "lse", lse, ("fp32",), (s_q, h_q))
     device = _device(frame, q, op, "q")
     ws = _C.sparse_prefill_workspace_size(device[0], device[1], s_q, h_q, d_v)
+    size_fn = "prefill_workspace_size"
     # A caller's workspace needs the direct path's size (the call dequantises once where it holds
     # more: prefill_workspace_size with k_cache); one allocated here, as dequantize_once asks.
-    if cache_layout is not None and workspace is None and dequantize_once is not False:
+    # The FP8 path always needs the size with topk and k_cache, a caller's workspace included.
+    if cache_layout is not None and (fp8_tensor_cores or
+                                     (workspace is None and dequantize_once is not False)):
         once = _C.sparse_prefill_cache_workspace_size(fw.to_c(keys), s_q, h_q,
                                                        int(_shape(indices)[2]), cache_format,
                                                        cache_layout, d_v)
-        if dequantize_once or once <= _DEQUANT_ONCE_DEFAULT_MAX_BYTES:
+        if fp8_tensor_cores or dequantize_once or once <= _DEQUANT_ONCE_DEFAULT_MAX_BYTES:
             ws = once
-    ws_array = _workspace(frame, q, ws, workspace, op, device, "prefill_workspace_size")
+        if fp8_tensor_cores:
+            size_fn = "prefill_workspace_size with topk and k_cache"
+    ws_array = _workspace(frame, q, ws, workspace, op, device, size_fn)
     with frame.guard(q):
         _C.sparse_prefill(fw.to_c(q), fw.to_c(keys), fw.to_c(indices), fw.to_c(out),
                           fw.to_c(max_logits), fw.to_c(lse), topk_length=fw.to_c(topk_length),
                           attn_sink=fw.to_c(attn_sink), d_v=d_v, softmax_scale=scale,
                           workspace=fw.to_c(ws_array),
                           stream=_stream(frame, q, stream), as_kv_cache=cache_layout is not None,
-                          k_cache_format=cache_format, k_cache_layout=cache_layout or "default")
+                          k_cache_format=cache_format, k_cache_layout=cache_layout or "default",
+                          fp8_tensor_cores=bool(fp8_tensor_cores))
     return out, max_logits, lse
 
 
@@ -470,7 +477,8 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
                               kv_layout: str = "default", softmax_scale: Optional[float] = None,
                               d_v: int = 512, attn_sink=None, topk_length=None, out=None,
                               max_logits=None, lse=None, stream: Optional[int] = None,
-                              dequantize_once: Optional[bool] = None, workspace=None):
+                              dequantize_once: Optional[bool] = None, workspace=None,
+                              fp8_tensor_cores: bool = False):
     """Sparse prefill with the keys read straight from a paged KV cache of any format (fp8_v32,
     fp8_model1, fp8_mx, fp4 or bf16; dequantised as they are loaded, no bf16 copy of the cache).
 
@@ -488,7 +496,15 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
     dequantize_once=None allocates it when it is at most 2 GiB, True always, False never.
     workspace: a uint8 [n] buffer of the caller's instead (reused across calls): at least
     prefill_workspace_size(q, s_q, h_q, d_v); with prefill_workspace_size(..., topk=, k_cache=)
-    bytes the call may dequantise once."""
+    bytes the call may dequantise once.
+
+    fp8_tensor_cores=True (opt-in; a quantised cache, d_qk 576 or 512, d_v 512) runs both
+    products on FP8 tensor cores: q, each key (re-quantised to one power-of-two scale, its 64
+    RoPE dims kept bf16) and the softmax weights P are rounded to e4m3. Its error is about
+    10-40x the default path's, and on an H100 it is not yet faster than the default
+    (bench/RESULTS.md); the CPU backend computes the same roundings (docs/semantics.md). It
+    always needs the workspace with topk and k_cache (allocated here, or a caller's of that
+    size); dequantize_once does not apply to it."""
     op = "sparse_prefill"
     _check(op, "q", q, ("bf16",), 3)
     frame = fw.framework_of(q, op, "q")
@@ -500,7 +516,8 @@ def sparse_prefill_from_cache(q, k_cache, indices, *, kv_format: Optional[str] =
     scale = _scale(op, softmax_scale)
     return _run_prefill(frame, op, q, k_cache, indices, scale, d_v, attn_sink, topk_length, out,
                         max_logits, lse, stream, cache_format=kv_format, cache_layout=kv_layout,
-                        dequantize_once=dequantize_once, workspace=workspace)
+                        dequantize_once=dequantize_once, workspace=workspace,
+                        fp8_tensor_cores=fp8_tensor_cores)
 
 
 # --- merge ----------------------------------------------------------------------------------
@@ -752,7 +769,8 @@ def prefill_workspace_size(like, s_q: int, h_q: int, d_v: int = 512, *,
     """Bytes of workspace a sparse prefill of these shapes needs on `like`'s device (a tensor) or
     on "cpu" / "cuda[:N]"; 0 when it needs none. With `k_cache` (a paged cache, as for
     sparse_prefill_from_cache) and `topk`, the size that lets a call from an fp8/fp4 cache
-    dequantise each named slot once (min(cache slots, s_q * topk) bf16 rows and more)."""
+    dequantise each named slot once (min(cache slots, s_q * topk) bf16 rows and more), and the
+    size a call with fp8_tensor_cores=True needs."""
     op = "prefill_workspace_size"
     if k_cache is not None:
         if topk is None:

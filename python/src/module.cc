@@ -117,12 +117,13 @@ void sparse_decode_py(const Array& q, const Array& k_cache, const Array& indices
 }
 
 // kv: bf16 rows [s_kv, h_kv, d_qk], or with as_kv_cache a paged cache of any format
-// (SparsePrefillArgs::kv_cache; indices then name its slots).
+// (SparsePrefillArgs::kv_cache; indices then name its slots; fp8_tensor_cores only then).
 void sparse_prefill_py(const Array& q, const Array& kv, const Array& indices, const Array& out,
                        const Array& max_logits, const Array& lse, const OptArray& topk_length,
                        const OptArray& attn_sink, int d_v, float softmax_scale,
                        const OptArray& workspace, uintptr_t stream, bool as_kv_cache,
-                       const OptString& k_cache_format, const std::string& k_cache_layout) {
+                       const OptString& k_cache_format, const std::string& k_cache_layout,
+                       bool fp8_tensor_cores) {
   const char* op = "sparse_prefill";
   SparsePrefillArgs a;
   a.q = to_view(q, op, "q");
@@ -136,6 +137,7 @@ void sparse_prefill_py(const Array& q, const Array& kv, const Array& indices, co
   a.attn_sink = to_optional_view(attn_sink, op, "attn_sink");
   a.d_v = d_v;
   a.softmax_scale = softmax_scale;
+  a.fp8_tensor_cores = fp8_tensor_cores;
   a.out = to_view(out, op, "out");
   a.max_logits = to_view(max_logits, op, "max_logits");
   a.lse = to_view(lse, op, "lse");
@@ -320,7 +322,8 @@ NB_MODULE(_C, m) {
   m.def("sparse_prefill", &sparse_prefill_py, "q"_a, "kv"_a, "indices"_a, "out"_a, "max_logits"_a,
         "lse"_a, "topk_length"_a = nb::none(), "attn_sink"_a = nb::none(), "d_v"_a = 512,
         "softmax_scale"_a = 0.f, "workspace"_a = nb::none(), "stream"_a = 0, "as_kv_cache"_a = false,
-        "k_cache_format"_a = nb::none(), "k_cache_layout"_a = "default");
+        "k_cache_format"_a = nb::none(), "k_cache_layout"_a = "default",
+        "fp8_tensor_cores"_a = false);
   m.def("merge_attention_states", &merge_attention_states_py, "part_out"_a, "part_lse"_a, "out"_a,
         "lse"_a = nb::none(), "stream"_a = 0);
   m.def("kv_cache_write", &kv_cache_write_py, "kv"_a, "slot_mapping"_a, "cache"_a,

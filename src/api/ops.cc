@@ -159,6 +159,14 @@ Status sparse_prefill(const SparsePrefillArgs& args, [[maybe_unused]] Stream str
   core::SparsePrefillShape shape;
   OPENMLA_RETURN_IF_ERROR(core::validate_sparse_prefill(args, &shape));
   if (args.kv_cache.defined()) {
+    if (args.fp8_tensor_cores) {
+      // The FP8 tensor-core path (opt-in; validated to come with kv_cache): its own roundings,
+      // so its own CPU definition. The CUDA kernel checks its workspace (the size with topk and
+      // kv_cache).
+      return dispatch("sparse_prefill", shape.device,
+                      [&] { return cpu::sparse_prefill_fp8(args, shape); },
+                      OPENMLA_CUDA_CALL(cuda::sparse_prefill_fp8(args, shape, stream)));
+    }
 #if defined(OPENMLA_WITH_CUDA)
     // Each named slot dequantised once where the keys repeat across query tokens and the
     // workspace holds the rows (the workspace size overload with topk and kv_cache).

@@ -334,6 +334,20 @@ Status validate_sparse_prefill(const SparsePrefillArgs& a, SparsePrefillShape* s
   if (s->h_q < 1) return invalid(op, "q: expected h_q (dim 1) >= 1, got ", s->h_q);
   OPENMLA_RETURN_IF_ERROR(check_d_qk(s->d_qk, op, "q"));
   OPENMLA_RETURN_IF_ERROR(check_d_v(a.d_v, op));
+  if (a.fp8_tensor_cores) {
+    // The FP8 path's kernel reads its keys from a paged cache, and its tiles are built for
+    // V = 512 dims and a 64-dim RoPE part (d_qk 576 or 512); spelt out here so that a
+    // wider check_d_qk / check_d_v never lets another size through to it.
+    if (!a.kv_cache.defined()) {
+      return invalid(op, "fp8_tensor_cores: needs the keys in kv_cache (a paged cache), got ",
+                     a.kv.defined() ? "kv rows" : "no kv_cache");
+    }
+    if (a.d_v != 512) return invalid(op, "d_v: expected 512 with fp8_tensor_cores, got ", a.d_v);
+    if (s->d_qk != 576 && s->d_qk != 512) {
+      return invalid(op, "q: expected head dim 576 or 512 with fp8_tensor_cores, got ", s->d_qk);
+    }
+  }
+
   if (a.kv_cache.defined()) {
     // Keys straight from a paged cache: one kv head, indices name cache slots.
     if (a.kv.defined()) return invalid(op, "kv: given together with kv_cache (pass one of them)");
@@ -342,6 +356,11 @@ Status validate_sparse_prefill(const SparsePrefillArgs& a, SparsePrefillShape* s
     if (info.d_qk != s->d_qk) {
       return invalid(op, "kv_cache: format ", kv_format_name(info.format), " holds d_qk ",
                      info.d_qk, " but q has d_qk ", s->d_qk);
+    }
+    if (a.fp8_tensor_cores && !info.quantized()) {
+      return invalid(op, "fp8_tensor_cores: kv_cache holds ", kv_format_name(info.format),
+                     " keys; the FP8 path reads quantised caches (fp8_v32, fp8_model1, fp8_mx, "
+                     "fp4)");
     }
     s->s_kv = a.kv_cache.num_tokens();
     s->h_kv = 1;

@@ -143,6 +143,13 @@ Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
   });
 }
 
+Status sparse_prefill_fp8(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
+                          Stream stream) {
+  return on_sm90("sparse_prefill", shape.device, [&] {
+    return sm90::sparse_prefill_fp8(args, shape, static_cast<cudaStream_t>(stream));
+  });
+}
+
 Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,
                               Stream stream) {
   constexpr const char* kOp = "merge_attention_states";

@@ -26,6 +26,9 @@ bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
                                      const core::SparsePrefillShape& shape);
 Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
                                    const core::SparsePrefillShape& shape, Stream stream);
+// Sparse prefill from a quantised cache on FP8 tensor cores (args.fp8_tensor_cores).
+Status sparse_prefill_fp8(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
+                          Stream stream);
 Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,
                               Stream stream);
 Status kv_cache_write(const KVCacheWriteArgs& args, const core::KVCacheWriteShape& shape,

@@ -301,6 +301,54 @@ TEST(Validation, SparsePrefillRejectsEachBadArgument) {
   }
 }
 
+// fp8_tensor_cores: the keys from kv_cache only, at d_qk 576 or 512 and d_v 512.
+TEST(Validation, SparsePrefillFp8TensorCoresNeedsTheCache) {
+  auto from_cache = [](PrefillFixture& f) {
+    f.args.kv = TensorView{};
+    f.args.kv_cache = KVCache{f.kv.data(), default_kv_layout(KVFormat::kFP8_Model1, 16), 1,
+                              Device::cpu()};
+    f.args.indices = TensorView::contiguous(f.idx.data(), DType::kInt32, {3, 1, 5});
+    f.args.fp8_tensor_cores = true;
+  };
+  {
+    PrefillFixture f;
+    from_cache(f);
+    core::SparsePrefillShape shape;
+    const Status st = core::validate_sparse_prefill(f.args, &shape);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(shape.h_kv, 1);
+  }
+  {
+    PrefillFixture f;  // kv rows
+    f.args.fp8_tensor_cores = true;
+    expect_invalid(sparse_prefill(f.args), {"sparse_prefill", "fp8_tensor_cores", "kv_cache"});
+  }
+  {
+    PrefillFixture f;  // neither kv nor kv_cache
+    f.args.kv = TensorView{};
+    f.args.fp8_tensor_cores = true;
+    expect_invalid(sparse_prefill(f.args), {"fp8_tensor_cores", "kv_cache"});
+  }
+  {
+    PrefillFixture f;
+    from_cache(f);
+    f.args.d_v = 256;
+    expect_invalid(sparse_prefill(f.args), {"sparse_prefill", "d_v", "512", "256"});
+  }
+  {
+    PrefillFixture f;
+    from_cache(f);
+    f.args.q.shape[2] = 128;
+    expect_invalid(sparse_prefill(f.args), {"sparse_prefill", "q", "576 or 512", "128"});
+  }
+  {
+    PrefillFixture f;
+    from_cache(f);
+    f.args.kv = TensorView::contiguous(f.kv.data(), DType::kBF16, {10, 2, 512});
+    expect_invalid(sparse_prefill(f.args), {"kv", "kv_cache"});
+  }
+}
+
 TEST(Validation, MergeStatesRejectsBadArguments) {
   std::vector<float> parts(2 * 3 * 4 * 8), part_lse(2 * 3 * 4), out(3 * 4 * 8), lse(3 * 4);
   auto make = [&] {

@@ -6,13 +6,14 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/sm90/attention/mla_tiles.h"
+#include "cuda/sm90/sparse_decode/traits.h"
 
 namespace {
 
 using namespace cute;
 using Pv256 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 512, 256>::TiledMmaPV;
 
-// The producers (sparse_attention/fill_quantized.cuh chunk_at, fill_bf16.cuh) write key k's
+// The producers (sparse_decode/producer.cuh: every fill, by tile, half or round) write key k's
 // dims [8 c, 8 c + 8) of 64-dim piece p at byte p * 8192 + 128 k + 16 (c ^ (k % 8)) of a stage: the
 // K tile's layout (128 B swizzle), which QK^T and P V read. Checked element by element.
 TEST(TileLayouts, ProducerAddressesAreTheKTileLayout) {
@@ -56,20 +57,46 @@ TEST(TileLayouts, VViewsAreTheKTileTransposed) {
   }
 }
 
-// The standard order's P (sparse_attention/consumer_common.cuh store_p_swizzled): stmatrix puts
-// P's (row, key) at byte 128 row + 16 ((key / 8) ^ (row % 8)) + 2 (key % 8) of its piece, which
-// the SS P V reads as its A operand through SmemLayoutP.
-TEST(TileLayouts, StoredPIsThePLayout) {
-  using Tiles = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 576, 256>;
+// The ring fill's rounds (sparse_decode/traits.h): S = Q K^T by round reads a round's 32 keys
+// through SmemLayoutKRound, from rows 32 r .. of the one stage (8 KB pieces) or, with the round
+// slots, from a slot of 4 KB pieces, where the producer (ring_decode_key) writes key k's dims
+// [8 c, 8 c + 8) of piece p at byte p * stride + 128 k + 16 (c ^ (k % 8)); the slots' P V reads
+// a warpgroup's 256 dims of a slot through SmemLayoutVSlot, the same bytes transposed.
+template <int D, int kRing>
+void check_rounds() {
+  using T = openmla::cuda::sm90::SparseDecodeTraits<D, false, false, false, kRing>;
+  constexpr int kPieceStride = kRing == 2 ? 4096 : 8192;
   const uintptr_t base = uintptr_t(1) << 20;
-  auto p = make_tensor(make_smem_ptr(reinterpret_cast<bfloat16_t*>(base)), Tiles::SmemLayoutP{});
-  for (int row = 0; row < 64; ++row) {
-    for (int key = 0; key < 64; ++key) {
-      const int bytes = 128 * row + 16 * ((key / 8) ^ (row % 8)) + 2 * (key % 8);
-      const uintptr_t at = reinterpret_cast<uintptr_t>(raw_pointer_cast(&p(row, key)));
-      ASSERT_EQ(static_cast<int>(at - base), bytes) << "row " << row << " key " << key;
+  bfloat16_t* slot = reinterpret_cast<bfloat16_t*>(base);
+  auto addr = [](auto const& ref) { return reinterpret_cast<uintptr_t>(raw_pointer_cast(&ref)); };
+  auto k_round = make_tensor(make_smem_ptr(slot), typename T::SmemLayoutKRound{});
+  for (int k = 0; k < 32; ++k) {
+    for (int dim = 0; dim < D; ++dim) {
+      const int piece = dim / 64, c = (dim % 64) / 8;
+      const int bytes = piece * kPieceStride + 128 * k + 16 * (c ^ (k % 8)) + 2 * (dim % 8);
+      ASSERT_EQ(static_cast<int>(addr(k_round(k, dim)) - base), bytes)
+          << "d " << D << " key " << k << " dim " << dim;
     }
   }
+  if constexpr (kRing == 2) {
+    static_assert(T::kSlotPieceBytes == kPieceStride && T::kSlotBytes == D / 64 * 4096);
+    for (int wg = 0; wg < 2; ++wg) {
+      auto v = make_tensor(make_smem_ptr(slot + wg * 4 * (kPieceStride / 2)),
+                           typename T::SmemLayoutVSlot{});
+      for (int dim = 0; dim < 256; ++dim) {
+        for (int key = 0; key < 32; ++key) {
+          ASSERT_EQ(addr(v(dim, key)), addr(k_round(key, 256 * wg + dim)))
+              << "d " << D << " wg " << wg << " dim " << dim << " key " << key;
+        }
+      }
+    }
+  }
+}
+TEST(TileLayouts, RingRoundsAreTheProducersAddresses) {
+  check_rounds<576, 1>();
+  check_rounds<512, 1>();
+  check_rounds<576, 2>();
+  check_rounds<512, 2>();
 }
 
 }  // namespace

@@ -207,8 +207,8 @@ void merge_and_prefill(Input& in, Bulk& bulk) {
   (void)sparse_prefill(p);
 }
 
-// Sparse prefill straight from a cache of any bytes (NaN and infinite keys included); q finite
-// and moderate, or any bits.
+// Sparse prefill straight from a cache of any bytes (NaN and infinite keys included), on the
+// default path or the FP8 tensor-core path's own arithmetic; q finite and moderate, or any bits.
 void prefill_from_cache_case(Input& in, Bulk& bulk) {
   const int d_qk = fuzz_d_qk(in);
   Cache c;
@@ -232,6 +232,7 @@ void prefill_from_cache_case(Input& in, Bulk& bulk) {
   p.indices = TensorView::contiguous(indices.data(), DType::kInt32, {s_q, 1, topk});
   if (in.flag()) p.topk_length = TensorView::contiguous(topk_length.data(), DType::kInt32, {s_q});
   if (in.flag()) p.attn_sink = TensorView::contiguous(sink.data(), DType::kFP32, {h_q});
+  p.fp8_tensor_cores = in.flag();
   p.out = TensorView::contiguous(out.data(), DType::kBF16, {s_q, h_q, d_v});
   p.max_logits = TensorView::contiguous(max_logits.data(), DType::kFP32, {s_q, h_q});
   p.lse = TensorView::contiguous(lse.data(), DType::kFP32, {s_q, h_q});

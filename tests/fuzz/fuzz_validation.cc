@@ -95,6 +95,7 @@ void sparse_prefill_args(Input& in) {
   a.max_logits = any_view(in);
   a.lse = any_view(in);
   a.d_v = in.take<int>();
+  a.fp8_tensor_cores = in.flag();
   core::SparsePrefillShape shape;
   (void)core::validate_sparse_prefill(a, &shape);
 }

@@ -1,4 +1,4 @@
-// SM90 sparse decode (src/cuda/sm90/sparse_decode, the sparse_attention kernel family) against the CPU backend, through
+// The SM90 sparse decode kernel (src/cuda/sm90/sparse_decode) against the CPU backend, through
 // the public API, on fresh random data. Caches are written by the GPU kv_cache_write into buffers
 // filled with 0xFF first (NaN in every format's scales and elements), so any slot no counted
 // index names holds NaN; indices mix live slots, duplicates, -1, other negatives and slots past
@@ -20,7 +20,6 @@
 #include "common/test_data.h"
 #include "gpu/gpu_kv_cache.h"
 #include "gpu/gpu_test_util.h"
-#include "cuda/sm90/sparse_decode/launch.h"
 #include "openmla/openmla.h"
 
 namespace openmla::testing {
@@ -200,20 +199,13 @@ struct Problem {
   }
 };
 
-using cuda::sm90::SparseTuning;
-
-// The GPU's launch: the production entry, or with `tuning` (a form the table would not pick).
-Status run_gpu(const SparseDecodeArgs& args, const SparseTuning* tuning) {
-  return tuning ? cuda::sm90::sparse_decode_with_tuning(args, *tuning) : sparse_decode(args);
-}
-
-void check(const Case& c, const SparseTuning* tuning = nullptr) {
+void check(const Case& c) {
   SCOPED_TRACE(c.name());
   Problem p(c);
   Status st = sparse_decode(p.cpu);
   ASSERT_TRUE(st.ok()) << st.message();
   const std::vector<double> ref_out = p.out.values(), ref_lse = p.lse.values();
-  const Status gst = run_gpu(p.gpu, tuning);
+  const Status gst = sparse_decode(p.gpu);
   ASSERT_TRUE(gst.ok()) << gst.message();
   ASSERT_TRUE(st.ok()) << st.message();
   synchronize();
@@ -385,15 +377,14 @@ TEST(SparseDecode, AllIndicesInvalidIsLonely) {
   }
 }
 
-// bf16 caches on long key lists (many tiles a CTA) in both compute orders: the seesaw (the
-// form table's choice for sparse bf16 grids) and the standard order (tuning.seesaw = 0; what
-// dense mode and mixed caches run). With an fp8 extra cache, tiles of both fills alternate in one
-// CTA.
-TEST(SparseDecode, Bf16OnLongListsInBothOrders) {
+// bf16 caches through both fills on long key lists (many tiles a CTA): the register path
+// (OPENMLA_SPARSE_BF16_CP_ASYNC=0) and cp.async straight into the stage (the default), whose first
+// form handed a stage over only after the next tile's copies and deadlocked from a CTA's third
+// tile. With an fp8 extra cache, tiles of both fills alternate in one CTA.
+TEST(SparseDecode, Bf16FillsOnLongLists) {
   uint64_t seed = 7000;
-  for (int seesaw : {-1, 0}) {
-    SparseTuning tuning;
-    tuning.seesaw = seesaw;
+  for (const char* cp_async : {"0", "1"}) {
+    setenv("OPENMLA_SPARSE_BF16_CP_ASYNC", cp_async, 1);
     for (int d_qk : {576, 512}) {
       for (int64_t s_q : {1, 2}) {
         Case c;
@@ -409,30 +400,12 @@ TEST(SparseDecode, Bf16OnLongListsInBothOrders) {
           c.extra_topk = 512;
         }
         c.seed = seed++;
-        SCOPED_TRACE(seesaw == 0 ? "standard order" : "form table");
-        check(c, &tuning);
+        SCOPED_TRACE(std::string("OPENMLA_SPARSE_BF16_CP_ASYNC=") + cp_async);
+        check(c);
       }
     }
   }
-}
-
-// Splits of one tile each (the low-concurrency plan's extreme): many partials a token, combined.
-TEST(SparseDecode, OneTileSplits) {
-  uint64_t seed = 7300;
-  for (CacheSpec s : {spec(KVFormat::kFP8_V32), spec(KVFormat::kFP4), spec(KVFormat::kBF16, 576)}) {
-    SparseTuning tuning;
-    tuning.tiles_per_split = 1;
-    Case c;
-    c.cache = s;
-    c.cache.num_blocks = 40;
-    c.b = 2;
-    c.h_q = 16;
-    c.topk = 2048;
-    c.topk_length = true;
-    c.sink = Sink::kMixed;
-    c.seed = seed++;
-    check(c, &tuning);
-  }
+  unsetenv("OPENMLA_SPARSE_BF16_CP_ASYNC");
 }
 
 // Small shapes of every format, split and not, with an extra cache: also run under memcheck.
@@ -464,11 +437,11 @@ TEST(SparseDecodeSmall, Sanitizer) {
   }
 }
 
-// h_q 96 and 128 over quantised caches run as 2-CTA clusters (the crossover: each CTA decodes
-// half of every tile into both CTAs' shared memory). Against the CPU, and bit for bit against
-// the same launch without clusters (tuning.cluster = 0): the cluster changes who decodes, not
-// what. Small, so memcheck runs it too.
-TEST(SparseDecodeSmall, ClusterMatchesNoCluster) {
+// h_q 96 and 128 over quantised caches run as CTA pairs (a 2-CTA cluster: each CTA decodes half
+// of every tile into both CTAs' shared memory). Against the CPU, and bit for bit against the same
+// launch with the pair off (OPENMLA_SPARSE_PAIR=0): the pair changes who decodes, not what.
+// Small, so memcheck runs it too.
+TEST(SparseDecodeSmall, CtaPairMatchesUnpaired) {
   uint64_t seed = 6500;
   for (CacheSpec s : {spec(KVFormat::kFP8_V32), spec(KVFormat::kFP8_Model1),
                       spec(KVFormat::kFP8_MX), spec(KVFormat::kFP4)}) {
@@ -497,10 +470,10 @@ TEST(SparseDecodeSmall, ClusterMatchesNoCluster) {
       check(c);
       SCOPED_TRACE(c.name());
       Problem p(c);
-      auto run = [&](int cluster) {
-        SparseTuning tuning;
-        tuning.cluster = cluster;
-        const Status st = run_gpu(p.gpu, &tuning);
+      auto run = [&](const char* pair) {
+        setenv("OPENMLA_SPARSE_PAIR", pair, 1);
+        const Status st = sparse_decode(p.gpu);
+        unsetenv("OPENMLA_SPARSE_PAIR");
         EXPECT_TRUE(st.ok()) << st.message();
         synchronize();
         HostTensor out = same_layout(p.out), lse = same_layout(p.lse);
@@ -510,12 +483,12 @@ TEST(SparseDecodeSmall, ClusterMatchesNoCluster) {
         v.insert(v.end(), l.begin(), l.end());
         return v;
       };
-      const std::vector<double> paired = run(1), apart = run(0);
+      const std::vector<double> paired = run("1"), apart = run("0");
       int64_t differ = 0;
       for (size_t k = 0; k < paired.size(); ++k) {
         differ += !(paired[k] == apart[k] || (paired[k] != paired[k] && apart[k] != apart[k]));
       }
-      EXPECT_EQ(differ, 0) << "outputs that differ between the clustered and unclustered launches";
+      EXPECT_EQ(differ, 0) << "outputs that differ between the paired and unpaired launches";
     }
   }
 }

@@ -2,9 +2,9 @@
 // the CPU backend, through the public API, on fresh random data: bf16 kv with one or two kv
 // heads, every head count and both d_qk; indices mixing valid rows, duplicates, -1 and rows at
 // or past s_kv; topk_length 0 and partial; sinks finite and ±inf; s_kv smaller than topk; s_q 1
-// and odd s_q; and the kv_cache variant (keys straight from a paged cache of every format: each
-// named slot dequantised once, and decoded where it is read). Outputs start poisoned; tolerances
-// as sparse decode's. *Small* tests also run under memcheck.
+// and odd s_q; and the kv_cache variant (keys straight from a paged cache of every format), also
+// on FP8 tensor cores (fp8_tensor_cores: against the CPU backend's definition of that
+// arithmetic; check() says what its tolerances tell apart). Outputs start poisoned; tolerances as sparse decode's. *Small* tests also run under memcheck.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -20,8 +20,6 @@
 #include "common/test_data.h"
 #include "gpu/gpu_kv_cache.h"
 #include "gpu/gpu_test_util.h"
-#include "core/validate.h"
-#include "cuda/sm90/sparse_prefill/launch.h"
 #include "openmla/openmla.h"
 
 namespace openmla::testing {
@@ -34,6 +32,7 @@ struct PrefillCase {
   std::optional<CacheSpec> cache;  // the kv_cache variant (then s_kv, h_kv, d_qk from it)
   bool all_invalid = false;     // every index -1 or past the end (every query lonely)
   bool base_workspace = false;  // with a cache: only the (s_q, h_q, d_v) workspace size
+  bool fp8 = false;             // the FP8 tensor-core path (fp8_tensor_cores) on both backends
   uint64_t seed = 1;
   std::string name() const {
     return "s_q " + std::to_string(s_q) + " h_q " + std::to_string(h_q) + " h_kv " +
@@ -44,7 +43,7 @@ struct PrefillCase {
                         (cache->interleaved ? " interleaved" : "")
                   : "") +
            (all_invalid ? " all invalid" : "") + (base_workspace ? " base workspace" : "") +
-           " seed " + std::to_string(seed);
+           (fp8 ? " fp8 tensor cores" : "") + " seed " + std::to_string(seed);
   }
 };
 
@@ -102,6 +101,7 @@ struct PrefillProblem {
       cpu.kv = kv.view();
     }
     cpu.indices = indices.view();
+    cpu.fp8_tensor_cores = c.fp8;
     if (c.topk_length) {
       topk_length = HostTensor(DType::kInt32, {c.s_q});
       for (int64_t s = 0; s < c.s_q; ++s) {
@@ -152,7 +152,7 @@ struct PrefillProblem {
     gpu.max_logits = d_max.view;
     gpu.lse = d_lse.view;
     // With a quantised cache the larger size lets the call dequantise each named slot once
-    // (where the plan takes it, or a test calls that path itself).
+    // (where the plan or OPENMLA_PREFILL_DEQUANT_ONCE takes it).
     const size_t ws =
         cache && !c.base_workspace
             ? sparse_prefill_workspace_size(Device::cuda(0), static_cast<int>(c.s_q),
@@ -164,23 +164,12 @@ struct PrefillProblem {
   }
 };
 
-// How the GPU runs a case: the public entry (its plan decides), or each named slot dequantised
-// once whatever the plan says (the path's internal entry, after the same validation).
-enum class Path { kPlan, kDequantOnce };
-
-Status run_gpu(const SparsePrefillArgs& args, Path path) {
-  if (path == Path::kPlan) return sparse_prefill(args);
-  core::SparsePrefillShape shape;
-  OPENMLA_RETURN_IF_ERROR(core::validate_sparse_prefill(args, &shape));
-  return cuda::sm90::sparse_prefill_dequant_once(args, shape, nullptr);
-}
-
-void check(const PrefillCase& c, Path path = Path::kPlan) {
+void check(const PrefillCase& c) {
   SCOPED_TRACE(c.name());
   PrefillProblem p(c);
   const Status st = sparse_prefill(p.cpu);
   ASSERT_TRUE(st.ok()) << st.message();
-  const Status gst = run_gpu(p.gpu, path);
+  const Status gst = sparse_prefill(p.gpu);
   ASSERT_TRUE(gst.ok()) << gst.message();
   synchronize();
   HostTensor out = same_layout(p.out), ml = same_layout(p.max_logits), lse = same_layout(p.lse);
@@ -195,12 +184,24 @@ void check(const PrefillCase& c, Path path = Path::kPlan) {
     std::printf("%s: out %.2e lse %.2e max_logits %.2e\n", c.name().c_str(), out_err, lse_err,
                 ml_err);
   }
-  EXPECT_LE(out_err, 1e-2);
-  EXPECT_LE(lse_err, 1e-3);
-  EXPECT_LE(ml_err, 1e-3);
-  // Where the reference is 0 (lonely queries, +inf sinks), so is the GPU's output.
+  // The FP8 path: Hopper's e4m3 MMA keeps its partial sums to ~13 mantissa bits, so the logits
+  // differ from the CPU's float32 ones by ~1e-3 (measured up to 2.3e-3), which moves some of P's
+  // e4m3 roundings: out then differs by 1-3e-2. Skipping the FP8 arithmetic (q and k rounded to
+  // e4m3) would move the logits by 2-7e-2 (q's rounding alone): the logits' bound tells the two
+  // apart; out's catches any layout or scale error (those give errors of order 1).
+  EXPECT_LE(out_err, c.fp8 ? 4e-2 : 1e-2);
+  EXPECT_LE(lse_err, c.fp8 ? 5e-3 : 1e-3);
+  EXPECT_LE(ml_err, c.fp8 ? 5e-3 : 1e-3);
+  // Where the reference is 0, so is the GPU's output: element by element, but on the FP8 path
+  // only in rows that are all 0 (lonely queries), since its e4m3 sums can cancel to exactly 0 in
+  // one order and not in another.
   int64_t bad_zeros = 0;
-  for (size_t k = 0; k < ref.size(); ++k) bad_zeros += ref[k] == 0.0 && got[k] != 0.0;
+  for (size_t row = 0; row < ref.size(); row += 512) {
+    const bool zero_row =
+        std::all_of(ref.begin() + row, ref.begin() + row + 512, [](double v) { return v == 0.0; });
+    if (c.fp8 && !zero_row) continue;
+    for (size_t k = row; k < row + 512; ++k) bad_zeros += ref[k] == 0.0 && got[k] != 0.0;
+  }
   EXPECT_EQ(bad_zeros, 0);
 }
 
@@ -271,15 +272,18 @@ TEST(SparsePrefill, StraightFromEveryCacheFormat) {
   }
 }
 
-// Each named slot dequantised once (forced) and the path the plan takes (with these sizes the
-// direct decode for most) on every quantised format and layout, against the CPU backend:
-// lengths, sinks, both head blocks, a cache far larger than the slots named (and one with more
-// marked words than the marking's filter has entries), every index invalid, and a workspace too
-// small for the compact rows (the public entry then decodes directly).
-class PrefillDequantOnce : public ::testing::TestWithParam<Path> {};
+// Each named slot dequantised once (OPENMLA_PREFILL_DEQUANT_ONCE=1) and the direct path (=0) on
+// every quantised format and layout, against the CPU backend: lengths, sinks, both head blocks,
+// a cache far larger than the slots named (and one with more marked words than the marking's
+// filter has entries), every index invalid, and a workspace too small for the compact rows (the
+// call then takes the direct path whatever the switch says).
+class PrefillDequantOnce : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { setenv("OPENMLA_PREFILL_DEQUANT_ONCE", GetParam(), 1); }
+  void TearDown() override { unsetenv("OPENMLA_PREFILL_DEQUANT_ONCE"); }
+};
 
 TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
-  const Path path = GetParam();
   uint64_t seed = 600;
   const KVFormat formats[] = {KVFormat::kFP8_V32, KVFormat::kFP8_Model1, KVFormat::kFP8_MX,
                               KVFormat::kFP4};
@@ -299,7 +303,7 @@ TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
       c.sink = variant == 0 ? 2 : 0;
       c.all_invalid = variant == 3;
       c.seed = seed++;
-      check(c, path);
+      check(c);
     }
     if (f == KVFormat::kFP4) {
       // 4200 bitmap words: words 4096 apart share an entry of the marking's filter (4096).
@@ -311,7 +315,7 @@ TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
       wide.s_q = 3;
       wide.topk = 2000;
       wide.seed = seed++;
-      check(wide, path);
+      check(wide);
     }
     PrefillCase small_ws;
     CacheSpec s;
@@ -321,30 +325,97 @@ TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
     small_ws.topk = 128;
     small_ws.base_workspace = true;
     small_ws.seed = seed++;
-    check(small_ws);  // (the public entry: the forced path would refuse the workspace)
+    check(small_ws);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(SparsePrefill, PrefillDequantOnce,
-                         ::testing::Values(Path::kDequantOnce, Path::kPlan));
+INSTANTIATE_TEST_SUITE_P(SparsePrefill, PrefillDequantOnce, ::testing::Values("1", "0"));
 
-// The dequantise-once path given a workspace without room for its rows refuses it, naming the
-// workspace (the public entry never sends it such a call: it decodes directly then).
-TEST(SparsePrefill, DequantOnceNeedsItsWorkspace) {
+// The FP8 tensor-core path on every quantised format and both d_qk: head counts 16-128 (one and
+// two head blocks), lengths (with a token of none), sinks finite and ±inf, topk not a multiple of
+// 64, the token-interleaved layout, every index invalid.
+TEST(SparsePrefill, Fp8TensorCoresEveryQuantisedFormat) {
+  uint64_t seed = 800;
+  const KVFormat formats[] = {KVFormat::kFP8_V32, KVFormat::kFP8_Model1, KVFormat::kFP8_MX,
+                              KVFormat::kFP4};
+  for (KVFormat f : formats) {
+    for (int variant = 0; variant < 4; ++variant) {
+      PrefillCase c;
+      CacheSpec s;
+      s.format = f;
+      s.interleaved = variant == 1;
+      s.num_blocks = 20;
+      c.cache = s;
+      c.fp8 = true;
+      c.h_q = variant == 0 ? 128 : variant == 1 ? 16 : 64;
+      c.s_q = variant == 3 ? 4 : 9;
+      c.topk = variant == 2 ? 200 : 256;
+      c.topk_length = variant == 1;
+      c.sink = variant == 0 ? 2 : variant == 2 ? 1 : 0;
+      c.all_invalid = variant == 3;
+      c.seed = seed++;
+      check(c);
+    }
+  }
+}
+
+// The FP8 path always needs the workspace sized with topk and the cache: given only the base
+// size, the call is refused, naming the workspace, and writes nothing.
+TEST(SparsePrefill, Fp8TensorCoresNeedTheirWorkspace) {
   PrefillCase c;
   CacheSpec s;
   s.format = KVFormat::kFP8_Model1;
   c.cache = s;
+  c.fp8 = true;
   c.base_workspace = true;
   c.s_q = 5;
   c.seed = 950;
   PrefillProblem p(c);
-  const Status st = run_gpu(p.gpu, Path::kDequantOnce);
+  const Status st = sparse_prefill(p.gpu);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
   EXPECT_NE(st.message().find("workspace"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("FP8"), std::string::npos) << st.message();
+}
+
+// The FP8 path reads q's rows by 16-byte loads: a q that is not 16-byte aligned is refused,
+// naming q (before anything runs: the shifted view is never read).
+TEST(SparsePrefill, Fp8TensorCoresNeedAlignedQ) {
+  PrefillCase c;
+  CacheSpec s;
+  s.format = KVFormat::kFP8_V32;
+  c.cache = s;
+  c.fp8 = true;
+  c.s_q = 5;
+  c.seed = 951;
+  PrefillProblem p(c);
+  p.gpu.q.data = static_cast<uint16_t*>(p.gpu.q.data) + 4;
+  const Status st = sparse_prefill(p.gpu);
+  EXPECT_EQ(st.code(), StatusCode::kNotImplemented) << st.message();
+  EXPECT_NE(st.message().find("q:"), std::string::npos) << st.message();
+}
+
+TEST(SparsePrefillSmall, Fp8TensorCoresSanitizer) {
+  uint64_t seed = 900;
+  for (KVFormat f : {KVFormat::kFP8_V32, KVFormat::kFP8_Model1}) {
+    PrefillCase c;
+    CacheSpec s;
+    s.format = f;
+    s.page = 16;
+    s.num_blocks = 5;
+    c.cache = s;
+    c.fp8 = true;
+    c.s_q = 3;
+    c.h_q = 32;
+    c.topk = 90;
+    c.topk_length = true;
+    c.sink = 1;
+    c.seed = seed++;
+    check(c);
+  }
 }
 
 TEST(SparsePrefillSmall, DequantOnceSanitizer) {
+  setenv("OPENMLA_PREFILL_DEQUANT_ONCE", "1", 1);
   PrefillCase c;
   CacheSpec s;
   s.format = KVFormat::kFP8_V32;
@@ -357,7 +428,8 @@ TEST(SparsePrefillSmall, DequantOnceSanitizer) {
   c.topk_length = true;
   c.sink = 1;
   c.seed = 700;
-  check(c, Path::kDequantOnce);
+  check(c);
+  unsetenv("OPENMLA_PREFILL_DEQUANT_ONCE");
 }
 
 TEST(SparsePrefillSmall, Sanitizer) {

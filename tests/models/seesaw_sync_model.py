@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A model of the sparse kernel's seesaw synchronisation (src/cuda/sm90/sparse_attention/
-order_seesaw.cuh consume_seesaw, fill_bf16.cuh fill_halves), run on the CPU under many random
+"""A model of the sparse kernel's seesaw synchronisation (src/cuda/sm90/sparse_decode/kernel.cuh
+consume, producer.cuh produce_halves), run on the CPU under many random
 interleavings to find deadlocks and buffer races before a GPU does. It mirrors the order of every
 barrier operation and every shared-memory buffer access of the three warpgroups, for the seesaw
 order with staggered maxima (the kernel's) and the plain seesaw order; each warpgroup is one agent
@@ -17,7 +17,7 @@ Checked, for tile counts 0..8 and many schedules each:
   python3 tests/models/seesaw_sync_model.py [--schedules 2000] [--order all|seesaw|stagger]
   python3 tests/models/seesaw_sync_model.py --self-test [--schedules 300]
 
-Keep it in step with order_seesaw.cuh and fill_halves: a change to the order of barriers or
+Keep it in step with kernel.cuh and produce_halves: a change to the order of barriers or
 buffer accesses there is a change here. Exit status 1 on any finding.
 """
 from __future__ import annotations

@@ -407,6 +407,37 @@ def test_sparse_prefill_from_cache(fmt, dequantize_once):
     assert torch.isposinf(lse[5]).all() and torch.isneginf(max_logits[5]).all()
 
 
+@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_model1"])
+def test_sparse_prefill_from_cache_fp8_tensor_cores(fmt):
+    """fp8_tensor_cores=True on the GPU against the CPU backend's definition of that arithmetic:
+    the logits within the FP8 MMA's precision (max_logits and lse within 5e-3: skipping the e4m3
+    rounding of q and k would move them by 2-7e-2), out within 4e-2 (P's e4m3 roundings follow
+    the logits); and against the float reference within the path's own error."""
+    cache, flat, used = fill_cache(fmt, 32, 64, seed=50)
+    d_qk = flat.shape[1]
+    s_q, h_q, topk = 32, 64, 256
+    q = randn(s_q, h_q, d_qk, seed=51)
+    g = torch.Generator().manual_seed(52)
+    indices = used[torch.randint(0, used.numel(), (s_q, 1, topk), generator=g)]
+    indices[:, :, ::9] = -1
+    indices[3] = -1  # a lonely query
+    indices = indices.to(DEVICE)
+    sink = randn(h_q, seed=53, dtype=torch.float32)
+    result = on_device(lambda: openmla.sparse_prefill_from_cache(
+        q, cache, indices, attn_sink=sink, fp8_tensor_cores=True), "sparse_prefill_from_cache")
+    if result is None:
+        return
+    out, max_logits, lse = result
+    cpu = openmla.sparse_prefill_from_cache(q.cpu(), cache.cpu(), indices.cpu(),
+                                            attn_sink=sink.cpu(), fp8_tensor_cores=True)
+    assert rel_err(out, cpu[0]) < 4e-2
+    assert_lse_close(lse, cpu[2], atol=5e-3)
+    assert_lse_close(max_logits, cpu[1], atol=5e-3)
+    ref_out, _ = ref_sparse(q.unsqueeze(1), flat, indices, None, sink=sink)
+    assert 2e-3 < rel_err(out, ref_out[:, 0]) < 0.1  # the FP8 arithmetic, near the reference
+    assert torch.isposinf(lse[3]).all() and (out[3] == 0).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_merge_attention_states(dtype):
     n, tokens, heads = 4, 33, 128

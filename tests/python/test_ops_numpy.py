@@ -179,6 +179,34 @@ def test_sparse_prefill_from_cache(fmt, dequantize_once):
     assert np.all(np.isposinf(lse[2])) and np.all(np.isneginf(max_logits[3]))
 
 
+@pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_model1", "fp4"])
+def test_sparse_prefill_from_cache_fp8_tensor_cores(fmt):
+    """fp8_tensor_cores=True runs on the CPU backend (the FP8 path's roundings of q, keys and P):
+    close to the default path but not equal to it, with the same lonely rows."""
+    num_blocks, page, s_q, h_q, topk = 5, 16, 4, 8, 24
+    cache, flat = make_cache(fmt, num_blocks, page, seed=13)
+    d_qk = flat.shape[1]
+    rng = np.random.default_rng(14)
+    q = rng.standard_normal((s_q, h_q, d_qk)).astype(np.float32).astype(ref.BF16)
+    indices = rng.integers(-3, num_blocks * page + 3, (s_q, 1, topk)).astype(np.int32)
+    indices[2] = -1                                   # a lonely query row
+    topk_length = np.array([24, 5, 24, 0], np.int32)
+    sink = np.linspace(-1, 2, h_q).astype(np.float32)
+    kwargs = dict(attn_sink=sink, topk_length=topk_length)
+    out, max_logits, lse = openmla.sparse_prefill_from_cache(q, cache, indices,
+                                                             fp8_tensor_cores=True, **kwargs)
+    d_out, d_max, d_lse = openmla.sparse_prefill_from_cache(q, cache, indices, **kwargs)
+    assert out.shape == (s_q, h_q, 512) and out.dtype == ref.BF16
+    assert 1e-3 < ref.rel_err(out, d_out) < 0.1       # another arithmetic, close to the default
+    assert ref.close_lse(lse, d_lse, atol=0.1) and ref.close_lse(max_logits, d_max, atol=0.1)
+    assert np.all(np.isposinf(lse[2])) and np.all(np.isneginf(max_logits[[2, 3]]))
+    assert np.all(out[[2, 3]].astype(np.float32) == 0)
+    # a caller's workspace (the CPU needs none), the same result
+    given = openmla.sparse_prefill_from_cache(q, cache, indices, fp8_tensor_cores=True,
+                                              workspace=np.zeros(8, np.uint8), **kwargs)
+    assert np.array_equal(given[0].view(np.uint16), out.view(np.uint16))
+
+
 def test_prefill_workspace():
     """prefill_workspace_size on the CPU (which needs none), a caller's workspace taken, and bad
     arguments named."""

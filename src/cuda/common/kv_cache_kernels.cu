@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "core/fp8_row_scale.h"
 #include "cuda/common/kv_cache_kernels.h"
 #include "cuda/common/kv_codec.cuh"
 #include "cuda/sm90/attention/launch.h"
@@ -213,6 +214,77 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
 }
 
+// --- gather into e4m3 rows (sparse prefill's FP8 tensor-core path) ------------------------------
+// Row i: the listed slot's dims, rounded to bf16 (what every GPU path computes with), divided by
+// 2^e_i (core::fp8_row_exponent of the amax of dims 0-511) as 512 e4m3 codes, then the 64 RoPE
+// dims (d_qk - 64 ..) / 2^e_i as bf16, 640 B a row; scales[i] = 2^e_i. Exact divisions: powers
+// of two. (docs/semantics.md, the FP8 tensor-core path.)
+struct Fp8RowsParams {
+  CacheView cache;
+  IndexList slots;
+  uint8_t* rows;
+  float* scales;
+  int64_t num_tokens;
+  bool slots_fit_32;
+  const int32_t* live_count;  // on the device: the rows to write (at most num_tokens)
+};
+
+template <Codec Src, Codec Dst, int D>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    kv_gather_fp8_rows_kernel(const Fp8RowsParams p) {
+  const int lane = lane_id();
+  const int64_t n = min(p.num_tokens, static_cast<int64_t>(*p.live_count));
+  for (int64_t i = first_warp(); i < n; i += warp_step()) {
+    const int64_t slot = index_at(p.slots, i);
+    const bool valid = slot >= 0 && slot < p.cache.num_slots;  // (listed slots always are)
+    LaneVals v;
+    if (valid) {
+      int64_t block, token;
+      div_mod(slot, p.cache.page_size, p.slots_fit_32, &block, &token);
+      kvcodec::decode_lane<Src, D>(token_at<const uint8_t>(p.cache, block, token), lane, v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) v.main[k] = 0.0f;
+      v.tail[0] = v.tail[1] = 0.0f;
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      v.main[k] = __bfloat162float(__float2bfloat16_rn(v.main[k]));
+      amax = fmaxf(amax, fabsf(v.main[k]));  // (fmaxf drops a NaN)
+    }
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+    const int e = core::fp8_row_exponent(amax);
+    const float inv = core::fp8_pow2(-e);
+    uint8_t* row = p.rows + i * 640;
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = kvcodec::float2_to_e4m3x2(v.main[4 * k] * inv, v.main[4 * k + 1] * inv) |
+             kvcodec::float2_to_e4m3x2(v.main[4 * k + 2] * inv, v.main[4 * k + 3] * inv) << 16;
+    }
+    *reinterpret_cast<uint4*>(row + 16 * lane) = make_uint4(w[0], w[1], w[2], w[3]);
+    if constexpr (D == 576) {  // this lane's RoPE dims: 512 + 2 lane, 513 + 2 lane
+      const float r0 = __bfloat162float(__float2bfloat16_rn(v.tail[0])) * inv;
+      const float r1 = __bfloat162float(__float2bfloat16_rn(v.tail[1])) * inv;
+      const __nv_bfloat162 h = __floats2bfloat162_rn(r0, r1);
+      *reinterpret_cast<uint32_t*>(row + 512 + 4 * lane) = *reinterpret_cast<const uint32_t*>(&h);
+    } else if (lane >= 28) {  // dims 448 + 16 (lane - 28) ..: the RoPE part, also in the codes
+      uint32_t r[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v.main[2 * k] * inv, v.main[2 * k + 1] * inv);
+        r[k] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      uint4* dst = reinterpret_cast<uint4*>(row + 512 + 32 * (lane - 28));
+      dst[0] = make_uint4(r[0], r[1], r[2], r[3]);
+      dst[1] = make_uint4(r[4], r[5], r[6], r[7]);
+    }
+    if (lane == 0) p.scales[i] = core::fp8_pow2(e);
+  }
+}
+
 // --- convert -----------------------------------------------------------------------------------
 struct ConvertParams {
   CacheView src, dst;
@@ -313,6 +385,10 @@ struct WriteKernelOf {
 template <Codec S, Codec T, int D>
 struct GatherKernelOf {
   static Kernel<GatherParams> kernel() { return kv_gather_kernel<S, T, D>; }
+};
+template <Codec S, Codec T, int D>
+struct Fp8RowsKernelOf {
+  static Kernel<Fp8RowsParams> kernel() { return kv_gather_fp8_rows_kernel<S, T, D>; }
 };
 template <Codec S, Codec T, int D>
 struct ConvertKernelOf {
@@ -519,6 +595,23 @@ Status kv_cache_gather_listed_launch(const KVCache& cache, int64_t d_qk, const i
                                               CodecTag<Codec::kBF16>{});
   });
   return launch("kv_cache_gather", kernel, p, capacity, stream);
+}
+
+Status kv_cache_gather_listed_fp8_launch(const KVCache& cache, int64_t d_qk, const int32_t* slots,
+                                         const int32_t* live_count, int64_t capacity,
+                                         uint8_t* rows, float* scales, cudaStream_t stream) {
+  Fp8RowsParams p{};
+  p.cache = make_view(cache);
+  p.slots = {slots, 1, false};
+  p.rows = rows;
+  p.scales = scales;
+  p.num_tokens = capacity;
+  p.slots_fit_32 = p.cache.num_slots <= kMax32;
+  p.live_count = live_count;
+  const Kernel<Fp8RowsParams> kernel = with_cache_codec(cache.layout.format, [&](auto src) {
+    return pick<Fp8RowsKernelOf, Fp8RowsParams>(d_qk, src, CodecTag<Codec::kBF16>{});
+  });
+  return launch("sparse_prefill", kernel, p, capacity, stream);
 }
 
 Status kv_cache_convert_launch(const KVCacheConvertArgs& args,

@@ -29,6 +29,12 @@ Status kv_cache_gather_launch(const KVCacheGatherArgs& args, const core::KVCache
 Status kv_cache_gather_listed_launch(const KVCache& cache, int64_t d_qk, const int32_t* slots,
                                      const int32_t* live_count, int64_t capacity, uint16_t* rows,
                                      cudaStream_t stream);
+// The same list into sparse prefill's e4m3 rows (640 B: 512 codes of dims 0-511 and the 64
+// RoPE dims as bf16, all divided by the row's power-of-two scale) and `scales` (2^e a row): the
+// FP8 tensor-core path's keys (docs/semantics.md).
+Status kv_cache_gather_listed_fp8_launch(const KVCache& cache, int64_t d_qk, const int32_t* slots,
+                                         const int32_t* live_count, int64_t capacity,
+                                         uint8_t* rows, float* scales, cudaStream_t stream);
 Status kv_cache_convert_launch(const KVCacheConvertArgs& args,
                                const core::KVCacheConvertShape& shape, cudaStream_t stream);
 

@@ -26,8 +26,7 @@ struct MlaTiles {
   using SmemLayoutV = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_MN_SW128_Atom<Element>{},
       cute::Shape<cute::Int<kVDims>, cute::Int<kBlockN>>{}, cute::Step<cute::_2, cute::_1>{}));
-  // P (rows x keys, K-major, 128 B swizzle): the shape of P's register fragment as the A operand
-  // of P V, and the layout an SS P V reads P from shared memory by (the sparse standard order).
+  // Only its shape matters: the register fragment of P as the A operand of P V.
   using SmemLayoutP = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_K_SW128_Atom<Element>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));

@@ -94,5 +94,23 @@ __device__ __forceinline__ void softmax_to_p(TS& S, TAcc const& tSrS, const floa
   pack_p<Element>(tSrS, tOrP);
 }
 
+// The same with each column of P (after the row sums) times col_scale(j) before packing: sparse
+// decode's fp16-staged keys (sparse_decode/traits.h kFp16), whose V rows carry a power of two of
+// their own.
+template <class Element, class TS, class TAcc, class TP, class ColScale>
+__device__ __forceinline__ void softmax_to_p_cols(TS& S, TAcc const& tSrS, const float (&base)[2],
+                                                  float sl2, float (&row_sum)[2], TP& tOrP,
+                                                  ColScale&& col_scale) {
+  using namespace cute;
+  exp_rows(S, base, sl2, row_sum);
+#pragma unroll
+  for (int j = 0; j < size<1>(S); ++j) {
+    const float g = col_scale(j);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) S(i, j) *= g;
+  }
+  pack_p<Element>(tSrS, tOrP);
+}
+
 }  // namespace attention
 }  // namespace openmla::cuda::sm90

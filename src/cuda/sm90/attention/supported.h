@@ -33,8 +33,8 @@ inline constexpr KernelShape kDenseDecodeKernels[] = {
 #undef OPENMLA_KERNEL_SHAPE
 };
 
-// Sparse decode and sparse prefill (one kernel family, sparse_attention/forms.h): bf16 q, d_qk
-// 576 (fp8_v32 and bf16 caches) and 512 (fp8_model1, fp8_mx, fp4 and bf16 caches).
+// Sparse decode and sparse prefill (one kernel family, sparse_decode/instantiations): bf16 q,
+// d_qk 576 (fp8_v32 and bf16 caches) and 512 (fp8_model1, fp8_mx, fp4 and bf16 caches).
 inline constexpr KernelShape kSparseKernels[] = {{DType::kBF16, 576}, {DType::kBF16, 512}};
 
 struct FamilySupport {

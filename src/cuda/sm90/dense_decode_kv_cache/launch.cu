@@ -4,8 +4,8 @@
 #include <cstdint>
 
 #include "core/str_cat.h"
-#include "cuda/sm90/sparse_attention/launch.h"
-#include "cuda/sm90/sparse_attention/params.h"
+#include "cuda/sm90/sparse_decode/launch.h"
+#include "cuda/sm90/sparse_decode/params.h"
 
 namespace openmla::cuda::sm90 {
 namespace {
@@ -45,9 +45,9 @@ Status dense_decode_kv_cache(const DenseDecodeArgs& args, const core::DenseDecod
         " tokens a request exceed 2^31 positions"));
   }
   OPENMLA_RETURN_IF_ERROR(check_q_out(kOp, args.q, args.out));
-  SparseAttentionParams p = {};
+  SparseDecodeParams p = {};
   set_q_out_lse(args.q, args.out, args.lse, &p);
-  OPENMLA_RETURN_IF_ERROR(sparse_cache_params(kOp, args.kv_cache, "kv_cache", &p.cache[0]));
+  OPENMLA_RETURN_IF_ERROR(sparse_cache_params(args.kv_cache, "kv_cache", &p.cache[0]));
   p.cache[1] = p.cache[0];
   p.block_table = args.block_table.data_as<const int32_t>();
   p.block_table_stride_b = args.block_table.strides[0];
@@ -68,8 +68,7 @@ Status dense_decode_kv_cache(const DenseDecodeArgs& args, const core::DenseDecod
   // kernel spreads each request's own tiles over those splits.
   const int64_t max_tiles = (shape.max_blocks * shape.page_size + 63) / 64;
   return launch_sparse_attention(p, static_cast<int>(shape.d_qk), max_tiles, args.workspace,
-                                 shape.device.index, stream, kOp, /*batch_invariant=*/false,
-                                 /*prefill=*/false, SparseTuning{});
+                                 shape.device.index, stream, kOp);
 }
 
 }  // namespace openmla::cuda::sm90

@@ -1,8 +1,8 @@
 // Host side of SM90 dense decode over a paged cache of any format (DenseDecodeArgs::kv_cache):
-// what cuda::dense_decode calls when the keys come from a KVCache. It runs the sparse attention
-// kernel family (src/cuda/sm90/sparse_attention) in its dense mode: a request's keys are its
-// first L cache positions through its block table, its s_q query tokens packed into the MMA
-// rows, each tile gathered and dequantised once for all of them.
+// what cuda::dense_decode calls when the keys come from a KVCache. It runs the sparse decode
+// kernel family (src/cuda/sm90/sparse_decode) in its dense mode: a request's keys are its first
+// L cache positions through its block table, its s_q query tokens packed into the MMA rows, each
+// tile gathered and dequantised once for all of them. NOTES.md beside this.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,20 +1,219 @@
-// Host side of SM90 sparse decode (launch.h): validated arguments into the sparse attention
-// kernel's parameters.
+// Host side of the SM90 sparse decode family (launch.h): what the kernel needs beyond core
+// validation, the split count, the workspace, and the launches of decode and combine.
 #include "cuda/sm90/sparse_decode/launch.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
+#include "core/sparse_kernel_plan.h"
 #include "core/str_cat.h"
+#include "cuda/common/kv_codec.cuh"
 #include "cuda/sm90/attention/launch.h"
-#include "cuda/sm90/sparse_attention/params.h"
+#include "cuda/sm90/sparse_decode/params.h"
 
 namespace openmla::cuda::sm90 {
 namespace {
 
-constexpr const char* kOp = "sparse_decode";
 constexpr int kKeysPerTile = 64;
+constexpr size_t kAlign = 256;
+
+// bf16 keys by cp.async straight into the stage (producer.cuh) instead of through registers:
+// the default (1.7x on sparse prefill, H100, NOTES.md); OPENMLA_SPARSE_BF16_CP_ASYNC=0 (read at
+// every launch) takes the register path, for A/B runs.
+// The token fill of quantised caches (producer.cuh) is the default where the cache's parts are
+// aligned for it; OPENMLA_SPARSE_FILL=keys (read at every launch) takes the warp-per-key fill, and
+// OPENMLA_SPARSE_PREFETCH=0 turns the one-tile-ahead L2 prefetch off, for A/B runs.
+using attention::env_is;
+bool bf16_cp_async() { return !env_is("OPENMLA_SPARSE_BF16_CP_ASYNC", "0"); }
+
+using attention::env_switch;
+core::SparseKernelSwitches env_switches() {
+  core::SparseKernelSwitches sw;
+  sw.stagger = env_switch("OPENMLA_SPARSE_STAGGER");
+  sw.seesaw = env_switch("OPENMLA_SPARSE_SEESAW");
+  sw.groups = env_switch("OPENMLA_SPARSE_GROUPS");
+  sw.stream = env_switch("OPENMLA_SPARSE_STREAM");
+  sw.pair = env_switch("OPENMLA_SPARSE_PAIR");
+  sw.ring = env_switch("OPENMLA_SPARSE_RING");
+  sw.slots = env_switch("OPENMLA_SPARSE_SLOTS");
+  sw.fp16 = env_switch("OPENMLA_SPARSE_FP16");
+  sw.wide = env_switch("OPENMLA_SPARSE_WIDE");
+  sw.pair_slots = env_switch("OPENMLA_SPARSE_PAIRSLOTS");
+  sw.generic_fill = env_is("OPENMLA_SPARSE_FILL", "generic");
+  return sw;
+}
+core::SparseFillFormat fill_format(int codec) {
+  using kvcodec::Codec;
+  switch (static_cast<Codec>(codec)) {
+    case Codec::kFP8_V32: return core::SparseFillFormat::kFP8_V32;
+    case Codec::kFP8_Model1: return core::SparseFillFormat::kFP8_Model1;
+    case Codec::kFP8_MX: return core::SparseFillFormat::kFP8_MX;
+    case Codec::kFP4: return core::SparseFillFormat::kFP4;
+    default: return core::SparseFillFormat::kNone;
+  }
+}
+
+// OPENMLA_SPARSE_SPLIT_OVERHEAD=n (0-16, read at every launch; A/B runs of the split plan at
+// small batches): a CTA's fixed cost in the plan's model, in tiles; 1 otherwise.
+int split_overhead() {
+  const char* v = std::getenv("OPENMLA_SPARSE_SPLIT_OVERHEAD");
+  if (v == nullptr || v[0] < '0' || v[0] > '9') return 1;
+  const int n = std::atoi(v);
+  return n <= 16 ? n : 1;
+}
+
+// OPENMLA_SPARSE_TILES_PER_SPLIT=n (1-256, read at every launch; A/B runs of small batches): the
+// sparse mode's split walks n tiles (fewer splits where the workspace bound allows fewer), in
+// place of the plan's choice; 0 (unset) keeps the plan.
+int forced_tiles_per_split() {
+  const char* v = std::getenv("OPENMLA_SPARSE_TILES_PER_SPLIT");
+  if (v == nullptr || v[0] < '1' || v[0] > '9') return 0;
+  const int n = std::atoi(v);
+  return n <= 256 ? n : 0;
+}
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+template <typename... Parts>
+Status invalid(const Parts&... parts) {
+  return Status::InvalidArgument(core::str_cat("sparse_decode: ", parts...));
+}
+
+// SMs of a device (read once per device by the shared device facts; 132 if that fails).
+int num_sms(int device_index) {
+  attention::DeviceFacts facts;
+  if (!attention::device_facts("sparse_decode", device_index, &facts).ok()) return 132;
+  return facts.num_sms;
+}
+
+// o_partial, lse_partial, max_partial (params.h).
+size_t partial_bytes(int64_t splits, int64_t tokens, int64_t h_q, int64_t d_v) {
+  if (splits <= 1) return 0;
+  return align_up(sizeof(float) * splits * tokens * h_q * d_v) +
+         2 * align_up(sizeof(float) * splits * tokens * h_q);
+}
+
+int codec_of(KVFormat format) {
+  using kvcodec::Codec;
+  switch (format) {
+    case KVFormat::kBF16: return static_cast<int>(Codec::kBF16);
+    case KVFormat::kFP16: return static_cast<int>(Codec::kFP16);
+    case KVFormat::kFP8_V32: return static_cast<int>(Codec::kFP8_V32);
+    case KVFormat::kFP8_Model1: return static_cast<int>(Codec::kFP8_Model1);
+    case KVFormat::kFP8_MX: return static_cast<int>(Codec::kFP8_MX);
+    case KVFormat::kFP4: return static_cast<int>(Codec::kFP4);
+  }
+  return -1;
+}
+
+Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c) {
+  const KVLayout& l = cache.layout;
+  if (l.format == KVFormat::kFP16) {
+    return Status::NotImplemented(core::str_cat(
+        "sparse_decode: ", arg, ": fp16 caches have no CUDA sparse decode kernel (q is bf16; "
+        "the kernel reads bf16, fp8_v32, fp8_model1, fp8_mx and fp4 caches)"));
+  }
+  c->base = static_cast<const uint8_t*>(cache.data);
+  c->block_stride = l.block_stride;
+  c->data_offset = l.data_offset;
+  c->data_stride = l.data_stride;
+  c->scale_offset = l.scale_offset;
+  c->scale_stride = l.scale_stride;
+  c->rope_offset = l.rope_offset;
+  c->rope_stride = l.rope_stride;
+  c->num_slots = cache.num_tokens();
+  c->page_size = l.page_size;
+  c->page_shift = -1;
+  for (int s = 0; s < 31; ++s) {
+    if ((1 << s) == l.page_size) c->page_shift = s;
+  }
+  c->codec = codec_of(l.format);
+  // A token's bytes into L2 one tile ahead: its data part, and the parts stored right behind it
+  // at the same stride (the default fp8_v32 token is one 656 B run); 16 B aligned runs only.
+  const KVFormatInfo info = kv_format_info(l.format, l.d_qk);
+  int64_t end = l.data_offset + info.data_bytes;
+  if (info.scale_bytes > 0 && l.scale_stride == l.data_stride && l.scale_offset == end) {
+    end += info.scale_bytes;
+  }
+  if (info.rope_bytes > 0 && l.rope_stride == l.data_stride && l.rope_offset == end) {
+    end += info.rope_bytes;
+  }
+  const int64_t bytes = (end - l.data_offset + 15) / 16 * 16;
+  // A part (offset, stride) of every token in every block starts on a `to`-byte boundary.
+  auto aligned_to = [&](int64_t offset, int64_t stride, int to) {
+    return reinterpret_cast<uintptr_t>(cache.data) % to == 0 && l.block_stride % to == 0 &&
+           offset % to == 0 && stride % to == 0;
+  };
+  const bool aligned = aligned_to(l.data_offset, l.data_stride, 16);
+  c->prefetch_bytes =
+      aligned && !env_is("OPENMLA_SPARSE_PREFETCH", "0") ? static_cast<int>(bytes) : 0;
+  // bf16 keys need no decoding: cp.async can copy them into the stage (16 B pieces, so the rows
+  // must be 16 B aligned).
+  c->async_copy = l.format == KVFormat::kBF16 && aligned && bf16_cp_async();
+  // The token fill loads a key's data and RoPE parts in 16 B pieces and its scales in 8 B
+  // (fp8_model1) or 16 B (fp8_v32, fp8_mx, fp4) pieces. (bf16 keys by cp.async take the
+  // warp-per-key fill: a quarter-key a thread was slower for them, each lane's copies touching
+  // lines of their own.)
+  const int scale_align = l.format == KVFormat::kFP8_Model1 ? 8 : 16;
+  c->by_token = info.quantized() && !env_is("OPENMLA_SPARSE_FILL", "keys") && aligned &&
+                aligned_to(l.scale_offset, l.scale_stride, scale_align) &&
+                (info.rope_bytes == 0 || aligned_to(l.rope_offset, l.rope_stride, 16));
+  return Status::Ok();
+}
 
 }  // namespace
+
+// What the kernel's loads and stores need of q and out beyond core validation (rank 3 or 4, the
+// last dim contiguous): q 16-byte rows, out bf16 pairs.
+Status check_q_out(const char* op, const TensorView& q, const TensorView& out) {
+  for (int d = 0; d + 1 < q.rank; ++d) {
+    if (q.shape[d] > 1 && q.strides[d] % 8 != 0) {
+      return Status::NotImplemented(core::str_cat(
+          op, ": q: the CUDA kernel loads 16-byte rows; expected strides that are multiples of 8 "
+          "elements, got stride ", q.strides[d], " in dim ", d));
+    }
+  }
+  if (reinterpret_cast<uintptr_t>(q.data) % 16 != 0) {
+    return Status::NotImplemented(core::str_cat(op, ": q: expected a 16-byte aligned address"));
+  }
+  for (int d = 0; d + 1 < out.rank; ++d) {
+    if (out.shape[d] > 1 && out.strides[d] % 2 != 0) {
+      return Status::NotImplemented(core::str_cat(
+          op, ": out: the CUDA kernel stores bf16 pairs; expected even strides, got stride ",
+          out.strides[d], " in dim ", d));
+    }
+  }
+  if (reinterpret_cast<uintptr_t>(out.data) % 4 != 0) {
+    return Status::NotImplemented(core::str_cat(op, ": out: expected a 4-byte aligned address"));
+  }
+  return Status::Ok();
+}
+
+void set_q_out_lse(const TensorView& q, const TensorView& out, const TensorView& lse,
+                   SparseDecodeParams* p) {
+  p->q = q.data;
+  p->q_stride_b = q.strides[0];
+  p->q_stride_s = q.strides[1];
+  p->q_stride_h = q.strides[2];
+  p->out = out.data;
+  p->out_stride_b = out.strides[0];
+  p->out_stride_s = out.strides[1];
+  p->out_stride_h = out.strides[2];
+  p->lse = lse.data_as<float>();
+  p->lse_stride_b = lse.strides[0];
+  p->lse_stride_h = lse.strides[1];
+  p->lse_stride_s = lse.strides[2];
+}
+
+Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c) {
+  return cache_params(cache, arg, c);
+}
+
+size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q) {
+  if (tokens <= 0 || h_q <= 0) return 0;
+  return partial_bytes(core::sparse_max_splits(num_sms(device_index), ctas), tokens, h_q, 512);
+}
 
 size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v) {
   if (batch <= 0 || s_q <= 0 || h_q <= 0 || d_v <= 0) return 0;
@@ -22,19 +221,100 @@ size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_
   return sparse_workspace_bytes(device_index, tokens, tokens * ((h_q + 63) / 64), h_q);
 }
 
+Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
+                               const Workspace& workspace, int device_index, cudaStream_t stream,
+                               const char* op, bool batch_invariant, bool prefill) {
+  if (p.s_pack == 0) p.s_pack = 1;  // sparse mode: one query token a problem
+  p.problems = p.tokens / p.s_pack;
+  p.m_blocks = (p.s_pack * p.h_q + 63) / 64;
+  if (p.tokens == 0) return Status::Ok();
+  const int sms = num_sms(device_index);
+  const int64_t ctas = static_cast<int64_t>(p.problems) * p.m_blocks;
+  core::SparseSplitPlan plan = core::plan_sparse_splits(sms, ctas, max_tiles, split_overhead());
+  if (batch_invariant) {  // one CTA walks a token's whole key list, in the list's order
+    plan = {1, static_cast<int>(max_tiles)};
+  } else if (const int forced = forced_tiles_per_split(); forced > 0 && p.block_table == nullptr &&
+                                                          max_tiles > 0) {
+    // Never more splits than the workspace holds (sparse_workspace_bytes' bound).
+    plan = core::forced_sparse_splits(sms, ctas, max_tiles, forced);
+  }
+  p.num_splits = plan.num_splits;
+  p.tiles_per_split = plan.tiles_per_split;
+  if (p.num_splits > 1) {
+    const size_t need = partial_bytes(p.num_splits, p.tokens, p.h_q, 512);
+    if (workspace.bytes < need || workspace.data == nullptr) {
+      return Status::InvalidArgument(core::str_cat(
+          op, ": workspace: expected at least ", need, " bytes (", op,
+          "_workspace_size), got ", workspace.bytes));
+    }
+    char* ws = static_cast<char*>(workspace.data);
+    const size_t o_bytes = align_up(sizeof(float) * p.num_splits * p.tokens * p.h_q * 512);
+    const size_t l_bytes = align_up(sizeof(float) * p.num_splits * p.tokens * p.h_q);
+    p.o_partial = reinterpret_cast<float*>(ws);
+    p.lse_partial = reinterpret_cast<float*>(ws + o_bytes);
+    p.max_partial = reinterpret_cast<float*>(ws + o_bytes + l_bytes);
+  }
+  auto failed = [&](cudaError_t err) {
+    return Status::CudaError(core::str_cat(op, ": launch failed: ", cudaGetErrorName(err), " (",
+                                           cudaGetErrorString(err), ")"));
+  };
+  // The kernel's form (core/sparse_kernel_plan.h: the fill, the compute order and their
+  // switches, each default measured faster on an H100; docs/benchmarking.md lists the switches).
+  p.by_token = p.cache[0].by_token && (p.topk[1] == 0 || p.cache[1].by_token);
+  core::SparseKernelShape kshape;
+  kshape.prefill = prefill;
+  kshape.dense_mode = p.block_table != nullptr;
+  kshape.d_qk = d_qk;
+  kshape.m_blocks = p.m_blocks;
+  kshape.rows = p.s_pack * p.h_q;
+  kshape.by_token = p.by_token;
+  // The token fill is built once per quantised format; caches of two formats take the fill that
+  // reads the format at run time.
+  const bool one_codec = p.topk[1] == 0 || p.cache[1].codec == p.cache[0].codec;
+  kshape.format = one_codec ? fill_format(p.cache[0].codec) : core::SparseFillFormat::kNone;
+  kshape.bf16_async = p.cache[0].async_copy && (p.topk[1] == 0 || p.cache[1].async_copy);
+  kshape.tiles_per_split = p.tiles_per_split;
+  const core::SparseKernelPlan form = core::plan_sparse_kernel(kshape, env_switches());
+  p.fill_codec = form.fill_for_format ? p.cache[0].codec : -1;
+  p.pair = form.pair;
+  p.stream = form.stream;
+  p.ring = form.ring;
+  p.seesaw = form.seesaw;
+  p.stagger = form.stagger;
+  p.group_fill = form.group_fill;
+  for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
+    const bool dense = p.block_table != nullptr;
+    const cudaError_t err =
+        d_qk == 576 ? (dense ? launch_sparse_decode_kernel<576, true>(p, stream)
+                             : launch_sparse_decode_kernel<576, false>(p, stream))
+                    : (dense ? launch_sparse_decode_kernel<512, true>(p, stream)
+                             : launch_sparse_decode_kernel<512, false>(p, stream));
+    if (err != cudaSuccess) return failed(err);
+  }
+  if (p.num_splits > 1) {
+    // OPENMLA_SPARSE_COMBINE=serial (read at every launch): the first combine, for A/B runs.
+    p.serial_combine = env_is("OPENMLA_SPARSE_COMBINE", "serial");
+    for (p.token0 = 0; p.token0 < p.tokens; p.token0 += 65535) {
+      if (const cudaError_t err = launch_sparse_decode_combine(p, stream); err != cudaSuccess) {
+        return failed(err);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
-                     cudaStream_t stream, const SparseTuning& tuning) {
+                     cudaStream_t stream) {
   if (shape.d_v != 512) {
     return Status::NotImplemented(
-        core::str_cat(kOp, ": d_v ", shape.d_v, " has no CUDA kernel (d_v 512 only)"));
+        core::str_cat("sparse_decode: d_v ", shape.d_v, " has no CUDA kernel (d_v 512 only)"));
   }
   if (shape.topk > (1 << 24) || shape.extra_topk > (1 << 24)) {
-    return Status::InvalidArgument(core::str_cat(kOp, ": indices: topk ", shape.topk,
-                                                 " / extra_topk ", shape.extra_topk,
-                                                 " above the kernel's 2^24"));
+    return invalid("indices: topk ", shape.topk, " / extra_topk ", shape.extra_topk,
+                   " above the kernel's 2^24");
   }
-  OPENMLA_RETURN_IF_ERROR(check_q_out(kOp, args.q, args.out));
-  SparseAttentionParams p = {};
+  OPENMLA_RETURN_IF_ERROR(check_q_out("sparse_decode", args.q, args.out));
+  SparseDecodeParams p = {};
   set_q_out_lse(args.q, args.out, args.lse, &p);
   if (args.max_logits.defined()) {
     p.max_logits = args.max_logits.data_as<float>();
@@ -42,7 +322,7 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
     p.max_logits_stride_h = args.max_logits.strides[1];
     p.max_logits_stride_s = args.max_logits.strides[2];
   }
-  OPENMLA_RETURN_IF_ERROR(sparse_cache_params(kOp, args.k_cache, "k_cache", &p.cache[0]));
+  OPENMLA_RETURN_IF_ERROR(cache_params(args.k_cache, "k_cache", &p.cache[0]));
   p.indices[0] = args.indices.data_as<const int32_t>();
   p.indices_stride_b[0] = args.indices.strides[0];
   p.indices_stride_s[0] = args.indices.strides[1];
@@ -53,8 +333,7 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
   p.cache[1] = p.cache[0];
   p.indices[1] = p.indices[0];
   if (args.extra_k_cache.defined()) {
-    OPENMLA_RETURN_IF_ERROR(
-        sparse_cache_params(kOp, args.extra_k_cache, "extra_k_cache", &p.cache[1]));
+    OPENMLA_RETURN_IF_ERROR(cache_params(args.extra_k_cache, "extra_k_cache", &p.cache[1]));
     p.indices[1] = args.extra_indices.data_as<const int32_t>();
     p.indices_stride_b[1] = args.extra_indices.strides[0];
     p.indices_stride_s[1] = args.extra_indices.strides[1];
@@ -77,19 +356,8 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
   const int64_t max_tiles = (shape.topk + kKeysPerTile - 1) / kKeysPerTile +
                             (shape.extra_topk + kKeysPerTile - 1) / kKeysPerTile;
   return launch_sparse_attention(p, static_cast<int>(shape.d_qk), max_tiles, args.workspace,
-                                 shape.device.index, stream, kOp, args.batch_invariant,
-                                 /*prefill=*/false, tuning);
-}
-
-Status sparse_decode_with_tuning(const SparseDecodeArgs& args, const SparseTuning& tuning,
-                                 cudaStream_t stream) {
-  core::SparseDecodeShape shape;
-  OPENMLA_RETURN_IF_ERROR(core::validate_sparse_decode(args, &shape));
-  attention::DeviceFacts facts;
-  OPENMLA_RETURN_IF_ERROR(attention::require_sm90(kOp, shape.device, &facts));
-  attention::DeviceGuard guard;
-  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
-  return sparse_decode(args, shape, stream, tuning);
+                                 shape.device.index, stream, "sparse_decode",
+                                 args.batch_invariant);
 }
 
 }  // namespace openmla::cuda::sm90

@@ -1,6 +1,5 @@
-// Host side of SM90 sparse decode (docs/semantics.md): what cuda::sparse_decode and its workspace
-// size call (src/cuda/backend.cc). The kernel is the sparse attention family's
-// (src/cuda/sm90/sparse_attention) with one query token a problem.
+// Host side of the SM90 sparse decode family: what cuda::sparse_decode and
+// cuda::sparse_decode_workspace_size call (src/cuda/backend.cc).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,24 +7,43 @@
 #include <cstddef>
 
 #include "core/validate.h"
-#include "cuda/sm90/sparse_attention/launch.h"
 #include "openmla/ops.h"
 
 namespace openmla::cuda::sm90 {
 
-// Validated arguments in, kernels out: the number of splits comes from the shapes alone (so a
+// Validated arguments in, kernels out: picks the number of splits from the shapes alone (so a
 // captured CUDA graph replays the same plan, and a request's result depends on the batch only
-// through that count); the decode kernel and, with more than one split, the combine.
+// through that count), launches the decode kernel and, with more than one split, the combine.
+// Returns InvalidArgument / NotImplemented naming what it cannot serve.
 Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
-                     cudaStream_t stream, const SparseTuning& tuning = {});
+                     cudaStream_t stream);
 
 // Bytes of workspace sparse_decode needs on device `device_index` (fp32 split partials).
 size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v);
 
-// sparse_decode with `tuning` instead of the production settings: validates `args` (core),
-// checks that their device is an SM90 GPU and makes it current, then launches exactly as the
-// production entry does. For bench/ and tests/gpu only.
-Status sparse_decode_with_tuning(const SparseDecodeArgs& args, const SparseTuning& tuning,
-                                 cudaStream_t stream = nullptr);
+// --- shared with sparse prefill (src/cuda/sm90/sparse_prefill), which runs this kernel with one
+// query token per problem ---
+struct SparseDecodeParams;
+struct SparseCacheParams;
+// q 16-byte rows and out bf16 pairs (NotImplemented naming the argument otherwise).
+Status check_q_out(const char* op, const TensorView& q, const TensorView& out);
+// q [b, s_q, h_q, d], out [b, s_q, h_q, 512] and lse [b, h_q, s_q]: pointers and strides.
+void set_q_out_lse(const TensorView& q, const TensorView& out, const TensorView& lse,
+                   SparseDecodeParams* p);
+// A cache's descriptor for the producer; NotImplemented for formats the kernel does not read.
+Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c);
+// Workspace for `tokens` query tokens of h_q heads when the grid has `ctas` CTAs unsplit.
+size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q);
+// Plans the splits of `p` (q/out/lse, caches, indices, tokens, h_q and scales filled), lays out
+// the partials in `workspace`, launches the kernel and the combine. `prefill` (sparse prefill's
+// bf16 kv) picks the staggered compute orders, measured faster there (sparse_prefill/NOTES.md).
+Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
+                               const Workspace& workspace, int device_index, cudaStream_t stream,
+                               const char* op, bool batch_invariant = false,
+                               bool prefill = false);
+
+template <int kHeadDimQK, bool kDense>
+cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream);
+cudaError_t launch_sparse_decode_combine(const SparseDecodeParams& params, cudaStream_t stream);
 
 }  // namespace openmla::cuda::sm90

@@ -21,6 +21,7 @@
 #include "core/str_cat.h"
 #include "cuda/common/kv_cache_kernels.h"
 #include "cuda/sm90/attention/launch.h"
+#include "cuda/sm90/sparse_prefill/fp8_launch.h"
 #include "cuda/sm90/sparse_prefill/launch.h"
 
 namespace openmla::cuda::sm90 {
@@ -51,7 +52,7 @@ __device__ __forceinline__ int32_t index_at(const IndexRows& r, int64_t t, int64
 
 // Step 1. Most indices repeat a slot already marked, and the marked slots' words are few (1024
 // for 32768 slots: 32 lines of L2), so every index's atomic, or its read of the word from L2,
-// would queue on a few L2 lines. A block keeps a
+// would queue on a few L2 lines (sparse_prefill/NOTES.md has the measurement). A block keeps a
 // direct-mapped filter in shared memory of the words it has marked: entry = word << 32 | bits
 // that atomicOr returned set (a subset of the word's bits in memory, whichever thread stored it
 // last, as a 64-bit store is whole), and skips an index whose bit the entry holds. Four blocks
@@ -92,6 +93,50 @@ __global__ void __launch_bounds__(kThreads) mark_named_slots(const IndexRows r, 
     const uint32_t set = atomicOr(bitmap + w, bit) | bit;
     *entry = static_cast<unsigned long long>(w) << 32 | set;
   });
+}
+
+// Step 1 with a write-back cache (OPENMLA_PREFILL_MARK=writeback; not yet timed: the next lever
+// of sparse_prefill/NOTES.md, predicted 81 -> 20-30 µs for 8.4 M indices). A block ORs its
+// indices' bits into a direct-mapped cache in shared memory (entry = word << 32 | the bits this
+// block has seen; ~0: empty), updated by compare-and-swap: an entry taken by another word is
+// flushed into the bitmap by the thread that evicts it, and every entry is flushed at the end, so
+// each bit reaches the bitmap while a block sends about one atomic a word it touches, however
+// often its indices repeat. One block an SM of 1024 threads.
+constexpr int kMarkCacheThreads = 1024;
+__device__ __forceinline__ void mark_in_cache(unsigned long long* cache, uint32_t* bitmap,
+                                              uint32_t w, uint32_t bit) {
+  unsigned long long* entry = cache + (w & (kFilterEntries - 1));
+  unsigned long long e = *entry;
+  for (;;) {
+    if (static_cast<uint32_t>(e >> 32) == w) {
+      if ((e & bit) != 0) return;  // this block holds it already
+      const unsigned long long seen = atomicCAS(entry, e, e | bit);
+      if (seen == e) return;
+      e = seen;
+      continue;
+    }
+    const unsigned long long seen =
+        atomicCAS(entry, e, static_cast<unsigned long long>(w) << 32 | bit);
+    if (seen == e) {
+      if (e != ~0ull) atomicOr(bitmap + (e >> 32), static_cast<uint32_t>(e));  // evicted
+      return;
+    }
+    e = seen;
+  }
+}
+__global__ void __launch_bounds__(kMarkCacheThreads)
+    mark_named_slots_cached(const IndexRows r, uint32_t* bitmap) {
+  __shared__ unsigned long long cache[kFilterEntries];
+  for (int i = threadIdx.x; i < kFilterEntries; i += kMarkCacheThreads) cache[i] = ~0ull;
+  __syncthreads();
+  for_each_named_slot<kMarkCacheThreads>(r, [&](int32_t slot) {
+    mark_in_cache(cache, bitmap, static_cast<uint32_t>(slot) >> 5, 1u << (slot & 31));
+  });
+  __syncthreads();
+  for (int i = threadIdx.x; i < kFilterEntries; i += kMarkCacheThreads) {
+    const unsigned long long e = cache[i];
+    if (e != ~0ull) atomicOr(bitmap + (e >> 32), static_cast<uint32_t>(e));
+  }
 }
 
 // Step 2's input: counts[w] = popcount(bitmap[w]), counts[words] = 0 (its scan is the total).
@@ -212,7 +257,7 @@ bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
                                                          cache);
   // The compact rows' count and slot numbers are int32 (indices are).
   if (s.num_slots > INT32_MAX) return false;
-  return core::prefill_dequantizes_once(s);
+  return core::prefill_dequantizes_once(s, attention::env_switch("OPENMLA_PREFILL_DEQUANT_ONCE"));
 }
 
 namespace {
@@ -226,7 +271,8 @@ Status list_named_slots(const SparsePrefillArgs& args, const core::SparsePrefill
   if (args.workspace.bytes < l.total || args.workspace.data == nullptr ||
       reinterpret_cast<uintptr_t>(args.workspace.data) % 16 != 0) {
     return Status::InvalidArgument(core::str_cat(
-        kOp, ": workspace: dequantising each named slot once needs ", l.total,
+        kOp, ": workspace: ", args.fp8_tensor_cores ? "the FP8 tensor-core path" :
+        "dequantising each named slot once", " needs ", l.total,
         " bytes on 16 (sparse_prefill_workspace_size with topk and kv_cache), got ",
         args.workspace.bytes, " bytes at ", args.workspace.data));
   }
@@ -253,9 +299,15 @@ Status list_named_slots(const SparsePrefillArgs& args, const core::SparsePrefill
   OPENMLA_RETURN_IF_ERROR(attention::device_facts(kOp, shape.device.index, &facts));
   OPENMLA_RETURN_IF_ERROR(cuda_error(
       kOp, "cudaMemsetAsync", cudaMemsetAsync(bitmap, 0, static_cast<size_t>(l.words) * 4, stream)));
-  const unsigned mark_blocks =
-      grid_for(shape.s_q, kMarkBlocksPerSm * static_cast<int64_t>(facts.num_sms));
-  mark_named_slots<<<mark_blocks, kThreads, 0, stream>>>(r, bitmap);
+  // OPENMLA_PREFILL_MARK=writeback (read at every call): the write-back marking, for A/B runs.
+  if (attention::env_is("OPENMLA_PREFILL_MARK", "writeback")) {
+    mark_named_slots_cached<<<grid_for(shape.s_q, facts.num_sms), kMarkCacheThreads, 0, stream>>>(
+        r, bitmap);
+  } else {
+    const unsigned mark_blocks =
+        grid_for(shape.s_q, kMarkBlocksPerSm * static_cast<int64_t>(facts.num_sms));
+    mark_named_slots<<<mark_blocks, kThreads, 0, stream>>>(r, bitmap);
+  }
   count_marked<<<grid_for(word_blocks, INT32_MAX), kThreads, 0, stream>>>(bitmap, l.words, counts);
   size_t scan_bytes = l.scan_bytes;
   OPENMLA_RETURN_IF_ERROR(cuda_error(
@@ -317,5 +369,88 @@ Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
   return sparse_prefill(b, bs, stream);
 }
 
+
+// The FP8 tensor-core path (fp8_kernel.cuh): steps 1, 2 and 4 as above; step 3 writes each named
+// slot as an e4m3 row of one power-of-two scale (640 B and a float a row: within the bf16 rows'
+// d_qk * 2 bytes a row); then the FP8 kernel over those rows.
+Status sparse_prefill_fp8(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
+                          cudaStream_t stream) {
+  constexpr const char* kOp = "sparse_prefill";
+  const KVCache& cache = args.kv_cache;
+  if (!cache.defined() || !quantised(cache.layout.format)) {
+    return Status::InvalidArgument(core::str_cat(
+        kOp, ": fp8_tensor_cores: needs kv_cache in a quantised format (fp8_v32, fp8_model1, "
+             "fp8_mx, fp4)"));
+  }
+  if (shape.d_v != 512 || (shape.d_qk != 576 && shape.d_qk != 512)) {
+    return Status::NotImplemented(core::str_cat(kOp, ": fp8_tensor_cores: d_qk ", shape.d_qk,
+                                                ", d_v ", shape.d_v,
+                                                " (the FP8 path has d_qk 576 or 512, d_v 512)"));
+  }
+  if (cache.num_tokens() > INT32_MAX) {
+    return Status::InvalidArgument(core::str_cat(
+        kOp, ": kv_cache: ", cache.num_tokens(), " slots; int32 indices address at most 2^31"));
+  }
+  const TensorView& q = args.q;
+  if (reinterpret_cast<uintptr_t>(q.data) % 16 != 0 || q.strides[0] % 8 != 0 ||
+      q.strides[1] % 8 != 0) {
+    return Status::NotImplemented(core::str_cat(
+        kOp, ": q: the FP8 path reads q's rows by 16-byte loads; expected a 16-byte aligned "
+             "pointer and token and head strides that are multiples of 8 elements, got strides (",
+        q.strides[0], ", ", q.strides[1], ")"));
+  }
+  Layout l;
+  OPENMLA_RETURN_IF_ERROR(plan_layout(shape.device.index, shape.s_q, shape.h_q, shape.d_v,
+                                      shape.topk, cache, &l));
+  static_assert(fp8_prefill::kRowBytes + 4 <= 512 * 2, "an e4m3 row in a bf16 row's room");
+  OPENMLA_RETURN_IF_ERROR(list_named_slots(args, shape, l, stream));
+  char* ws = static_cast<char*>(args.workspace.data);
+  auto* rows = reinterpret_cast<uint8_t*>(ws + l.row_data);
+  auto* scales =
+      reinterpret_cast<float*>(ws + l.row_data + static_cast<size_t>(l.rows) * fp8_prefill::kRowBytes);
+  auto* row_indices = reinterpret_cast<int32_t*>(ws + l.indices);
+  auto* first = reinterpret_cast<int32_t*>(ws + l.first);
+  auto* slots = reinterpret_cast<int32_t*>(ws + l.slots);
+  OPENMLA_RETURN_IF_ERROR(kv_cache_gather_listed_fp8_launch(
+      cache, shape.d_qk, slots, first + l.words, l.rows, rows, scales, stream));
+
+  Fp8PrefillParams p = {};
+  p.q = q.data_as<const uint16_t>();
+  p.q_stride_t = q.strides[0];
+  p.q_stride_h = q.strides[1];
+  p.out = args.out.data_as<uint16_t>();
+  p.out_stride_t = args.out.strides[0];
+  p.out_stride_h = args.out.strides[1];
+  p.lse = args.lse.data_as<float>();
+  p.lse_stride_t = args.lse.strides[0];
+  p.lse_stride_h = args.lse.strides[1];
+  p.max_logits = args.max_logits.data_as<float>();
+  p.max_logits_stride_t = args.max_logits.strides[0];
+  p.max_logits_stride_h = args.max_logits.strides[1];
+  p.rows = rows;
+  p.row_scales = scales;
+  p.row_index = row_indices;
+  if (args.topk_length.defined()) {
+    p.lengths = args.topk_length.data_as<const int32_t>();
+    p.lengths_stride = args.topk_length.strides[0];
+  }
+  if (args.attn_sink.defined()) {
+    p.sink = args.attn_sink.data_as<const float>();
+    p.sink_stride = args.attn_sink.strides[0];
+  }
+  p.h_q = static_cast<int>(shape.h_q);
+  p.topk = static_cast<int>(shape.topk);
+  p.scale = shape.softmax_scale;
+  const int m_blocks = static_cast<int>((shape.h_q + 63) / 64);
+  for (int64_t t0 = 0; t0 < shape.s_q; t0 += 65535) {
+    p.token0 = t0;
+    const int tokens = static_cast<int>(std::min<int64_t>(65535, shape.s_q - t0));
+    const cudaError_t err = shape.d_qk == 576
+                                ? launch_sparse_prefill_fp8<576>(p, m_blocks, tokens, stream)
+                                : launch_sparse_prefill_fp8<512>(p, m_blocks, tokens, stream);
+    OPENMLA_RETURN_IF_ERROR(cuda_error(kOp, "sparse_prefill_fp8_kernel launch", err));
+  }
+  return Status::Ok();
+}
 
 }  // namespace openmla::cuda::sm90

@@ -1,13 +1,13 @@
 // Host side of SM90 sparse prefill (launch.h). bf16 kv [s_kv, h_kv, d_qk]: each kv head is a
 // bf16 "cache" of s_kv one-token pages (block stride = kv's token stride), read by its group of
-// h_q / h_kv query heads with indices[:, g, :]; one launch of the sparse attention kernel per kv
-// head. (The kv_cache variant, keys from a paged cache in any format, is sparse decode with the
-// query tokens as its batch, or dequant_once.cu: src/api routes it.)
+// h_q / h_kv query heads with indices[:, g, :]; one launch per kv head. (The kv_cache variant,
+// keys from a paged cache in any format, is sparse decode with the query tokens as its batch:
+// src/api routes it there.)
 #include "cuda/sm90/sparse_prefill/launch.h"
 
 #include "core/str_cat.h"
-#include "cuda/sm90/sparse_attention/launch.h"
-#include "cuda/sm90/sparse_attention/params.h"
+#include "cuda/sm90/sparse_decode/launch.h"
+#include "cuda/sm90/sparse_decode/params.h"
 
 namespace openmla::cuda::sm90 {
 
@@ -38,7 +38,7 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
   const int group = static_cast<int>(shape.h_q / shape.h_kv);
   for (int g = 0; g < shape.h_kv; ++g) {
     const int64_t h0 = static_cast<int64_t>(g) * group;  // the kv head's first query head
-    SparseAttentionParams p = {};
+    SparseDecodeParams p = {};
     p.q = static_cast<const uint16_t*>(q.data) + h0 * q.strides[1];
     p.q_stride_b = q.strides[0];
     p.q_stride_h = q.strides[1];
@@ -63,7 +63,7 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
           kOp, ": kv: the CUDA kernel reads token rows apart; expected a token stride of at least ",
           shape.d_qk, " elements, got ", kv.strides[0]));
     }
-    OPENMLA_RETURN_IF_ERROR(sparse_cache_params(kOp, rows, "kv", &p.cache[0]));
+    OPENMLA_RETURN_IF_ERROR(sparse_cache_params(rows, "kv", &p.cache[0]));
     p.indices[0] = args.indices.data_as<const int32_t>() + g * args.indices.strides[1];
     p.indices_stride_b[0] = args.indices.strides[0];
     p.indices_stride_k[0] = args.indices.strides[2];
@@ -88,7 +88,7 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
                                                     (shape.topk + 63) / 64, args.workspace,
                                                     shape.device.index, stream, kOp,
                                                     /*batch_invariant=*/false,
-                                                    /*prefill=*/true, SparseTuning{}));
+                                                    /*prefill=*/true));
   }
   return Status::Ok();
 }

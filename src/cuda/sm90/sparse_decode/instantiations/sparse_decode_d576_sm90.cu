@@ -1,0 +1,6 @@
+// Sparse decode, d_qk 576 (fp8_v32 and bf16 caches).
+#include "cuda/sm90/sparse_decode/kernel.cuh"
+
+namespace openmla::cuda::sm90 {
+template cudaError_t launch_sparse_decode_kernel<576, false>(const SparseDecodeParams&, cudaStream_t);
+}  // namespace openmla::cuda::sm90

@@ -1,0 +1,104 @@
+// The one door into the SM90 sparse decode kernel (docs/semantics.md): plain pointers, strides (in
+// elements) and sizes, filled by launch.cu from validated SparseDecodeArgs.
+#pragma once
+
+#include <cstdint>
+
+#include "core/sparse_split_plan.h"
+
+namespace openmla::cuda::sm90 {
+
+// The most splits a query token's key list is cut into (core/sparse_split_plan.h; the combine
+// keeps one weight a split in shared memory).
+constexpr int kSparseMaxSplits = core::kSparseMaxSplits;
+
+// One paged cache as the producer warps read it (all in bytes; kv_format.h's KVLayout).
+struct SparseCacheParams {
+  const uint8_t* base = nullptr;
+  int64_t block_stride = 0;
+  int64_t data_offset = 0, data_stride = 0;
+  int64_t scale_offset = 0, scale_stride = 0;
+  int64_t rope_offset = 0, rope_stride = 0;
+  int64_t num_slots = 0;  // num_blocks * page_size: indices outside [0, num_slots) are never read
+  int page_size = 1;
+  int page_shift = -1;    // log2(page_size) when a power of two, else -1 (a division per key)
+  int codec = 0;          // kvcodec::Codec of the format
+  int prefetch_bytes = 0; // a token's data part rounded up to 16 B for the L2 bulk prefetch; 0: off
+  bool async_copy = false;  // bf16 with 16 B aligned rows: keys go to shared memory by cp.async
+  bool by_token = false;    // quantised, parts aligned for the token fill (producer.cuh)
+};
+
+struct SparseDecodeParams {
+  const void* q;  // [b, s_q, h_q, d_qk] bf16
+  int64_t q_stride_b, q_stride_s, q_stride_h;
+  void* out;  // [b, s_q, h_q, 512] bf16
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;  // [b, h_q, s_q]
+  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+  float* max_logits;  // optional [b, h_q, s_q]: the max scaled logit (sparse prefill's output)
+  int64_t max_logits_stride_b, max_logits_stride_h, max_logits_stride_s;
+
+  // The main cache (0) and the optional extra cache (1), each with its indices [b, s_q, topk]
+  // and optional lengths [b]; topk[1] = 0 without an extra cache.
+  SparseCacheParams cache[2];
+  const int32_t* indices[2];
+  int64_t indices_stride_b[2], indices_stride_s[2], indices_stride_k[2];
+  const int32_t* lengths[2];  // null: all topk entries count
+  int64_t lengths_stride[2];
+  int topk[2];
+
+  const float* sink;  // [h_q] or null
+  int64_t sink_stride;
+
+  // Split partials (num_splits > 1), row-major and independent of any register layout:
+  // o_partial [num_splits, tokens, h_q, 512] fp32 (unnormalised-free: already divided by the
+  // split's row sum), lse_partial [num_splits, tokens, h_q] (-inf: the split saw no key).
+  float* o_partial;
+  float* lse_partial;
+  float* max_partial;  // [num_splits, tokens, h_q] (with max_logits)
+
+  // Dense mode (dense decode over a quantised cache; block_table non-null): request i's keys are
+  // its first L_i cache positions through its block table instead of an index list (cache[0]
+  // only), and its s_q query tokens share one problem, packed into the MMA rows (row f of the
+  // problem = j * h_q + h), so a tile is gathered and dequantised once for all of them. Causal:
+  // token j sees positions < L_i - s_q + 1 + j. A block id outside [0, num_blocks) names no key.
+  const int32_t* block_table;  // [b, max_blocks]; null: sparse mode
+  int64_t block_table_stride_b;
+  const int32_t* seqlens;      // [b] (clamped to [0, max_blocks * page_size])
+  int64_t seqlens_stride;
+  int max_blocks;
+  int num_blocks;
+  bool causal;
+
+  int batch, s_q, h_q;
+  int tokens;           // batch * s_q query tokens (the combine's rows)
+  int s_pack;           // query tokens per problem: 1 (sparse: own indices) or s_q (dense)
+  int problems;         // tokens / s_pack: the decode grid's z
+  int problem0;         // the first problem of a decode launch (grids of at most 65535)
+  int token0;           // the first token of a combine launch (likewise)
+  int m_blocks;         // ceil(s_pack * h_q / 64)
+  int num_splits;       // the grid's y
+  int tiles_per_split;  // 64-key tiles of a problem each split walks (sparse mode; dense mode
+                        // divides each request's own tiles evenly over the splits in the kernel)
+  float scale;          // softmax scale
+  float scale_log2;     // scale * log2(e)
+  bool by_token;        // every cache the grid reads takes the token fill (producer.cuh)
+  int fill_codec;       // by_token: the caches' one kvcodec::Codec, for a fill built for it; -1:
+                        // the fill reads each cache's codec at run time
+  bool serial_combine;  // the combine walks the splits one at a time (A/B runs; combine.cu)
+  bool seesaw;          // every cache bf16 by cp.async, sparse mode, unpaired: the seesaw
+                        // order of the compute warpgroups (kernel.cuh consume)
+  bool pair;            // by_token, one codec, m_blocks even: 2-CTA clusters share the decoding
+                        // (pair.cuh)
+  bool stagger;         // seesaw: with staggered maxima (OPENMLA_SPARSE_STAGGER=1, A/B runs)
+  bool group_fill;      // seesaw: bf16 rows by 8-lane groups, 4 keys a warp instruction
+                        // (prefill's default; OPENMLA_SPARSE_GROUPS; producer.cuh)
+  int stream;           // fill_codec >= 0: the streaming token fill 1, 0 off (launch.cu;
+                        // OPENMLA_SPARSE_STREAM; producer.cuh)
+  int ring;             // fill_codec >= 0, unpaired: 1 the ring fill's kernel (traits.h kRing;
+                        // producer.cuh produce_by_ring), 2 with three round slots, 3 the
+                        // slots with fp16 keys (kFp16), 4 the slots decoded by two producer
+                        // warpgroups (512 threads), 5 the slots in a CTA pair (with pair); 0 off
+};
+
+}  // namespace openmla::cuda::sm90

@@ -1,0 +1,194 @@
+// Compile-time choices of the SM90 sparse MLA decode kernel (docs/semantics.md; NOTES.md beside this).
+//
+// A CTA serves up to 64 query heads of one query token (one m-block; h_q 128 is two CTAs) over
+// one split of that token's key list, in tiles of 64 keys. Three warpgroups: WG2 gathers the
+// tile's keys through the index list and dequantises them into bf16 shared memory (two stages);
+// WG0 computes S = Q K^T, the online softmax and O_L += P V_L (dims 0-255); WG1 takes P through
+// shared memory and computes O_R += P V_R (dims 256-511). Heads past h_q are zero rows of the
+// 64-row wgmma (h_q 8-32 pad the MMA, never the gather or the dequantisation, which are per key).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+
+#include "cuda/sm90/attention/mla_tiles.h"
+
+namespace openmla::cuda::sm90 {
+
+// The smem layouts and wgmma atoms (SmemLayoutQ/K/V/P, TiledMmaQK/PV) are the shared MLA tiles
+// (attention/mla_tiles.h): 64 heads, 64-key tiles, 256 V dims per compute warpgroup.
+// kDense_: the dense mode (params.h), keys through a block table, a request's s_q query tokens
+// packed into the rows: its own instantiation, so sparse decode's registers are untouched.
+// kSeesaw_: the compute warpgroups in seesaw order (kernel.cuh consume_seesaw; bf16 tiles by
+// cp.async only, the sparse mode): each computes S for alternate tiles and both halves' P V, so
+// both hold S, P and half of O, and the producer, copies only, needs few registers.
+// kStagger_: the seesaw with staggered maxima (kernel.cuh consume; OPENMLA_SPARSE_STAGGER=1).
+// kRing_: 1 the ring fill (OPENMLA_SPARSE_RING=1; producer.cuh produce_by_ring): quantised
+// keys' raw bytes by cp.async into a ring of rounds (32 keys) in shared memory, decoded from there
+// into ONE bf16 stage whose two rounds have barriers of their own (kernel.cuh: S = Q K^T by
+// round); 2 the same decoded into THREE round slots (OPENMLA_SPARSE_SLOTS=1; NOTES.md lever 1),
+// so the decode of round n + 2 runs while the compute warpgroups hold rounds n and n + 1; 3 the
+// round slots with the keys staged as fp16 (OPENMLA_SPARSE_FP16=1; NOTES.md lever 2: the fp8
+// formats' codes by one cvt a pair, each key and Q's rows scaled by powers of two into fp16's
+// range, S and P scaled back in fp32; at d 576 the RoPE piece stays bf16); 4 the round slots
+// decoded by TWO producer warpgroups (OPENMLA_SPARSE_WIDE=1; 512 threads, 8 lanes a key, each
+// of the 8 warps 4 keys of every round; NOTES.md "the next two levers"); 5 the round slots in a
+// CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1; pair.cuh: CTA rank r decodes the rounds n with n % 2 = r
+// into its slot and bulk-copies the slot into the peer's; NOTES.md); 0 not.
+template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
+          int kRing_ = 0>
+struct SparseDecodeTraits
+    : attention::MlaTiles<std::conditional_t<kRing_ == 3, cute::half_t, cute::bfloat16_t>, 64, 64,
+                          kHeadDimQK_, 256> {
+  using Element = cute::bfloat16_t;  // the output's type, and the keys' in every form but kFp16
+  // The MMAs' operand type of Q, K and P: fp16 with kFp16 (but d 576's RoPE piece: bf16).
+  static constexpr bool kFp16 = kRing_ == 3;
+  using KElement = std::conditional_t<kFp16, cute::half_t, cute::bfloat16_t>;
+  static constexpr int kHeadDimQK = kHeadDimQK_;
+  static constexpr bool kDense = kDense_;
+  static constexpr bool kSeesaw = kSeesaw_;
+  static constexpr bool kStagger = kStagger_;
+  static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
+  static constexpr bool kRing = kRing_ > 0;
+  static constexpr bool kSlots = kRing_ >= 2;
+  static_assert(kRing_ >= 0 && kRing_ <= 5);
+  static constexpr bool kPairSlots = kRing_ == 5;
+  static constexpr int kProducerWarpgroups = kRing_ == 4 ? 2 : 1;
+  static_assert(!(kRing && kSeesaw), "the ring fill serves quantised keys, the seesaw bf16 ones");
+  // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
+  // rest).
+  static constexpr int kParts = 2;
+  static_assert(!(kDense && kSeesaw), "the seesaw order serves the sparse mode only");
+  static constexpr int kHeadDimV = 512;
+  static_assert(kHeadDimQK == 576 || kHeadDimQK == 512);
+
+  static constexpr int kBlockM = 64;  // heads per CTA: one wgmma M
+  static constexpr int kBlockN = 64;  // keys per tile (one stage)
+  // A tile is stored as pieces of 64 keys x 64 dims (8 KB, 128 B rows, 128 B swizzle), the
+  // layout wgmma reads K (K-major) and V (MN-major) from.
+  static constexpr int kPieceDims = 64;
+  static constexpr int kNumPieces = kHeadDimQK / kPieceDims;  // 9 or 8
+  static constexpr int kPieceElems = kBlockN * kPieceDims;
+  static constexpr int kPieceBytes = kPieceElems * 2;
+  static constexpr int kTileElems = kBlockN * kHeadDimQK;
+  static constexpr int kStageBytes = kTileElems * 2;
+  static constexpr int kStages = kRing ? 1 : 2;
+  // The round slots (kSlots): slot s holds a round's 32 keys as 9 (8) pieces of 32 rows x 64
+  // dims (4 KB each, the stage's layout with half its rows), at s * kSlotBytes of k[0].
+  static constexpr int kSlotKeys = 32;
+  static constexpr int kSlotElems = kSlotKeys * kHeadDimQK;
+  static constexpr int kSlotBytes = kSlotElems * 2;
+  static constexpr int kSlotPieceBytes = kSlotKeys * 128;
+  static constexpr int kStageElems = kSlots ? 3 * kSlotElems : kTileElems;
+  // The ring fill: a round is 32 keys; a key's raw record (data, scales, RoPE) is at most 704 B
+  // (fp8_v32, fp8_model1; a stride of 64 mod 128 B, so the 2 keys x 4 quarters of a quarter-warp
+  // read 8 different 16 B bank groups). Three such rounds at d 576 (Q and the stage take the
+  // rest), four at d 512 (227 KB exactly in the dense mode); fp4's 320 B records: eight. With
+  // the round slots two (the third slot takes the room).
+  static constexpr int kRingRoundKeys = 32;
+  static constexpr int kRingBytes =
+      kRing ? (kSlots ? 2 : kHeadDimQK == 576 ? 3 : 4) * kRingRoundKeys * 704 : 16;
+  // The ring's S = Q K^T by round: a round's keys are rows 32 r .. 32 r + 31 of every piece
+  // (the K tile's layout with 32 rows and the same 8 KB piece stride; a slot's pieces are 4 KB
+  // apart), 64 x 32 x 16 wgmma.
+  using SmemLayoutKRound = decltype(cute::composition(
+      cute::Swizzle<3, 4, 3>{}, cute::smem_ptr_flag_bits<16>{},
+      cute::Layout<cute::Shape<cute::Shape<cute::_8, cute::_4>,
+                               cute::Shape<cute::_64, cute::Int<kHeadDimQK / 64>>>,
+                   cute::Stride<cute::Stride<cute::_64, cute::_512>,
+                                cute::Stride<cute::_1, cute::Int<kSlots ? 2048 : 4096>>>>{}));
+  // A slot's V for a warpgroup's P V: 256 dims x 32 keys, MN-major, atoms along keys first
+  // (attention/mla_tiles.h SmemLayoutV with 32 keys: one 4 KB piece per 64 dims).
+  using SmemLayoutVSlot = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<cute::bfloat16_t>{}, cute::Shape<cute::_256, cute::_32>{},
+      cute::Step<cute::_2, cute::_1>{}));
+  using TiledMmaQKRound = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<KElement, KElement, float,
+                                 cute::Shape<cute::_64, cute::_32, cute::_64>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+  // kFp16 at d 576: the RoPE piece's k-blocks (32-35) by bf16 wgmma into the same S.
+  using TiledMmaQKRoundBf16 = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::_32, cute::_64>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+  static constexpr bool kRopeBf16 = kFp16 && kHeadDimQK == 576;
+  // The slots in a CTA pair (kPairSlots) run 32-key tiles: P of a round (64 x 32) as the A
+  // operand of a P V over one slot. Only its shape matters.
+  using SmemLayoutPRound = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Element>{},
+                                                        cute::Shape<cute::_64, cute::_32>{}));
+  // Two producer warpgroups (kRing_ 4): the kernel is compiled for 128 registers a thread (512
+  // threads), too few for one 64 x 256 wgmma's operands (ptxas C7602), so a warpgroup's P V is
+  // two 64 x 128 groups, each over 2 pieces of a slot's V.
+  using TiledMmaPV128 =
+      typename attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 128>::TiledMmaPV;
+  using SmemLayoutVSlot128 = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<cute::bfloat16_t>{}, cute::Shape<cute::_128, cute::_32>{},
+      cute::Step<cute::_2, cute::_1>{}));
+  // Full / empty barriers: per stage, per part of a stage (the seesaw) or per round (the ring).
+  static constexpr int kBarriers = kSeesaw ? kParts * kStages : kSlots ? 3 : kRing ? 2 : kStages;
+  // P (64 x 64 bf16) crosses from WG0 to WG1. At d 576 it lives in the stage's RoPE piece (dead
+  // once QK^T is done; Q + two tiles leave no room for more), at d 512 in buffers of its own.
+  static constexpr bool kPInKTile = kNumPieces > 8;
+
+  static constexpr int kNumThreads = 128 * (2 + kProducerWarpgroups);
+  static constexpr int kVHalfDims = kHeadDimV / 2;
+  // setmaxnreg: WG0 (S, P and half of O) 232, WG1 (half of O and P) 176, the producer 96:
+  // 504 per thread slot = the 384 x 168 the CTA launches with. The dense mode's WG0 keeps its
+  // problem's row bookkeeping too and spills at 232: 240, with the producer at 88 (no spill).
+  // The seesaw order: 216 + 216 + 72.
+  // The ring's WG0 holds Q's descriptors of the round-by-round QK^T too: 240 as the dense
+  // mode's (its producer, decoding from shared memory, fits 88).
+  // kFp16: WG0 also scales S and P by the keys' exponents: 256, its producer 72.
+  // Two producer warpgroups (kRing_ 4): 240 + 176 + 2 x 48 = 512 a thread slot of 512 threads.
+  // The slots in a CTA pair (kPairSlots): WG0's 32-key tiles hold half the S and P registers, so
+  // 232, and the producer 96 (at 88 its decode spilled at d 576).
+  static constexpr int kWg0Registers =
+      kSeesaw || kPairSlots ? 232 : kFp16 ? 256 : kDense || kRing ? 240 : 232;
+  static constexpr int kWg1Registers = kSeesaw ? 232 : 176;
+  static constexpr int kProducerRegisters =
+      kSeesaw ? 40 : kFp16 ? 72 : kRing_ == 4 ? 48 : kPairSlots ? 96 : kDense || kRing ? 88 : 96;
+  // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
+  static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
+  static constexpr int kLoadBatch = 4;
+
+  static_assert(kBlockM == 64 && kBlockN == 64 && kVHalfDims == 256,
+                "the shape of the MlaTiles base");
+
+  struct SharedStorage {
+    alignas(1024) Element q[kBlockM * kHeadDimQK];
+    alignas(1024) Element k[kStages][kStageElems];  // [stage][piece][64 keys][64 dims]
+    // The seesaw order at d 576: stage 0's P in its RoPE piece, stage 1's here.
+    alignas(16) Element p[kPInKTile ? 1 : kStages][kPInKTile && !kSeesaw ? 8 : kBlockM * kBlockN];
+    // WG0 -> WG1: O's row factors of the tile, thread-major (the seesaw order: both warpgroups'
+    // tile row maxima [wg][64] and WG1's row sums [64])
+    float2 rescale[kSeesaw ? 1 : kStages][kSeesaw ? 96 : 128];
+    float row_sum[kBlockM];        // WG0 -> WG1 in the epilogue
+    // Dense mode: each row's causal limit (inside WG0) and (j << 16 | h), ~0 for padding rows.
+    int row_limit[kDense ? kBlockM : 1];
+    uint32_t row_code[kDense ? kBlockM : 1];
+    // per stage: bit j of word b = key 8 b + j is valid (words, so a CTA pair's peer can write
+    // its own with st.async, whose smallest store is 4 bytes)
+    // (the round slots: words 4 s .. 4 s + 3 for slot s, keys 8 w .. 8 w + 7 of its round; with
+    // two producer warpgroups warp w writes byte w % 2 of word 4 s + w / 2: keys 4 w .. 4 w + 3)
+    alignas(16) uint32_t valid[kStages][kSlots ? 12 : 8];
+    // the producer filled the stage (4 warp arrivals; with a CTA pair, also the peer's bytes)
+    // (the seesaw order: per part, kParts stage + part, producer.cuh produce_halves)
+    // (the ring: per round of the one stage, produce_by_ring)
+    alignas(8) uint64_t full[kBarriers];
+    // the compute warpgroups are done with it (8 warps; 16 with a CTA pair: both CTAs' warps)
+    uint64_t empty[kBarriers];
+    // the ring fill's raw records (producer.cuh produce_by_ring)
+    alignas(kRing ? 128 : 16) uint8_t ring[kRingBytes];
+    // kFp16: each key's exponent e (its fp16 row is the key times 2^-e), per slot and key of the
+    // round, written by the producer with the slot; O's exponent, per WG0 warp (the epilogue's,
+    // WG0 -> WG1: warp 0's).
+    int8_t key_exp[kFp16 ? 3 * 32 : 1];
+    int o_exp[4];
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
+  static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
+};
+
+}  // namespace openmla::cuda::sm90
