@@ -9,7 +9,7 @@ namespace dense_decode_detail {
 
 // Timeline stamps (DenseDecodeParams::trace): one thread of each role of CTA (0,0,0) records
 // clock64 at fixed points of its first trace_pairs pairs. Compiled in only with
-// OPENMLA_DENSE_DECODE_TRACE (CMake option of the same name; tools/profile_dense_decode.sh):
+// OPENMLA_DENSE_DECODE_TRACE (CMake option of the same name; research/profile_dense_decode.sh):
 // the stamps cost the compute warpgroups registers they do not have to spare.
 constexpr int kTraceEvents = 16;
 struct Tracer {

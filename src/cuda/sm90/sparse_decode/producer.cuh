@@ -1413,7 +1413,7 @@ __device__ __forceinline__ void produce_by_ring(const SparseDecodeParams& p,
 }
 
 // The round slots in a CTA pair (traits.h kPairSlots; OPENMLA_SPARSE_PAIRSLOTS=1): the protocol
-// model-checked by tools/ring_sync_model.py --pair (sparse_decode/NOTES.md). CTA rank r's producer
+// model-checked by tests/models/ring_sync_model.py --pair (sparse_decode/NOTES.md). CTA rank r's producer
 // walks every round n of the split: its own rounds (n % 2 = r) it copies into its raw ring (one
 // own round ahead), decodes into its slot n % 3 and bulk-copies that slot (its 4 KB pieces and its
 // 4 mask words) into the peer's slot n % 3, completing the bytes on the peer's full barrier, and
