@@ -155,35 +155,6 @@ def time_calls(calls, rounds: int):
     return [statistics.median(spans[k::len(calls)]) for k in range(len(calls))]
 
 
-# --ab settings: each is an extra OpenMLA call with those environment switches set (the library
-# reads its OPENMLA_SPARSE_* switches at every launch), timed in the same interleaved rounds.
-AB: list[dict[str, str]] = []
-
-
-def with_env(fn, env: dict[str, str]):
-    def call():
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
-    return call
-
-
-def ab_label(env: dict[str, str]) -> str:
-    return ",".join(f"{k.removeprefix('OPENMLA_SPARSE_')}={v}" for k, v in env.items())
-
-
-def ab_note(base_us: float, ab_us) -> str:
-    """The --ab calls' times and their speedup over the default (time default / time variant)."""
-    return "; ".join(f"{ab_label(env)}: {t:.1f} µs ({base_us / t:.3f}x)" for env, t in zip(AB, ab_us))
-
-
 def lengths(b: int, topk: int, gen):
     """[b] random counts in [topk / 2, topk] (int32): a request's, as FlashMLA takes them."""
     return torch.randint(topk // 2, topk + 1, (b,), dtype=torch.int32, device=DEV, generator=gen)
@@ -232,17 +203,14 @@ def run_case(fmt, b, s_q, h_q, topk, *, region=32768, page=64, extra=None, round
         err = ((o1.float() - o2[:, :, :h_q].float()).norm() / o2[:, :, :h_q].float().norm()).item()
         if not err < 2e-2:
             raise RuntimeError(f"OpenMLA and FlashMLA disagree: relative error {err:.3e}")
-    calls += [with_env(ours, env) for env in AB]
     times = time_calls(calls, rounds)
-    ab_us = times[len(times) - len(AB):]
-    times = times[:len(times) - len(AB)]
     keys = topk + extra_topk
     flops = 2 * b * s_q * h_q * keys * (d + 512)
     kv_bytes = b * s_q * (topk * BPT[fmt] + (extra_topk * BPT[extra[0]] if extra else 0))
     io_bytes = kv_bytes + b * s_q * h_q * (d + 512) * 2 + b * s_q * keys * 4
     res = {"us": times[0], "tflops": flops / times[0] / 1e6, "gbs": io_bytes / times[0] / 1e3,
            "peer_us": times[1] if len(times) > 1 else None,
-           "floor_us": io_bytes / (copy_gbs * 1e3) if copy_gbs else None, "ab_us": ab_us}
+           "floor_us": io_bytes / (copy_gbs * 1e3) if copy_gbs else None}
     del cache
     torch.cuda.empty_cache()
     return res
@@ -274,17 +242,13 @@ def prefill_rows(rounds: int, quick: bool) -> list:
             err = ((o1 - o2).norm() / o2.norm()).item()
             if not err < 2e-2:
                 raise RuntimeError(f"prefill: OpenMLA and FlashMLA disagree: {err:.3e}")
-        calls += [with_env(calls[0], env) for env in AB]
         t = time_calls(calls, rounds)
-        ab_us = t[len(t) - len(AB):]
-        t = t[:len(t) - len(AB)]
         tflops = 2 * s_q * h * topk * (d + 512) / t[0] / 1e6
         peer_s = f"{t[1]:.0f}" if len(t) > 1 else ""
         speed = f"{t[1] / t[0]:.2f}x" if len(t) > 1 else ""
         if len(t) > 1:
             ratios.append(t[1] / t[0])
-        ab = f" {ab_note(t[0], ab_us)} |" if AB else ""
-        print(f"| {d} | {h} | {topk} | {s_kv} | {t[0]:.0f} | {tflops:.0f} | {peer_s} | {speed} |{ab}",
+        print(f"| {d} | {h} | {topk} | {s_kv} | {t[0]:.0f} | {tflops:.0f} | {peer_s} | {speed} |",
               flush=True)
         del kv
     if ratios:
@@ -336,15 +300,10 @@ def main(argv) -> int:
     ap.add_argument("--rows", choices=["all", "compared", "small-batch"], default="all",
                     help="decode's rows: all, only those with a FlashMLA column (FlashMLA's "
                          "production grid), or the small-batch rows")
-    ap.add_argument("--ab", action="append", default=[], metavar="VAR=V[,VAR=V]",
-                    help="also time OpenMLA with these environment switches set (e.g. "
-                         "OPENMLA_SPARSE_STAGGER=1), in the same rounds; repeatable")
     ap.add_argument("--icache", choices=["cold", "mixed"], default="cold",
                     help="cold: instruction caches evicted before every timed call (bench/"
                          "icache.py); mixed: as the previous call left them")
     args = ap.parse_args(argv)
-    for spec in args.ab:
-        AB.append(dict(kv.split("=", 1) for kv in spec.split(",")))
     global COLD_ICACHE
     COLD_ICACHE = args.icache == "cold"
     name = torch.cuda.get_device_name()
@@ -368,8 +327,6 @@ def main(argv) -> int:
             note = (note + " FlashMLA padded to 64 heads").strip()
         if r["floor_us"] and b <= 8:
             note = (note + f" DRAM floor {r['floor_us']:.1f} µs ({r['us'] / r['floor_us']:.1f}x)").strip()
-        if AB:
-            note = (note + " " + ab_note(r["us"], r["ab_us"])).strip()
         print(f"| {fmt} | {b} | {s_q} | {h_q} | {topk} | {r['us']:.1f} | {r['tflops']:.0f} | "
               f"{r['gbs']:.0f} | {peer_s} | {speed} | {note} |", flush=True)
         return r

@@ -11,7 +11,7 @@ note() { echo "$(( SECONDS - t0 ))s $*" | tee -a "$S"; }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >> "$S"
 echo "commit ${COMMIT:-?}" >> "$S"
 T=build/tests/openmla_gpu_tests
-timeout 100 $T --gtest_brief=1 --gtest_filter="${FILTER:-Sparse*:DenseDecodeKVCache*:*PrefillDequantOnce*}" \
+timeout 200 $T --gtest_brief=1 --gtest_filter="${FILTER:-Sparse*:DenseDecodeKVCache*:*PrefillDequantOnce*}" \
   > "$OUT/gpu_tests.txt" 2>&1
 note "gpu tests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests.txt" | tr '\n' ' ')"
 mkdir -p /tmp/peer && tar xJf .peers/flash_mla-*.tar.xz -C /tmp/peer

@@ -20,16 +20,11 @@
 # Options (environment):
 #   GTEST_FILTER=...       filter for both test binaries (default: all tests)
 #   SANITIZER_FILTER=...   filter for the memcheck run (default '*Small*:*Sanitizer*')
-#   SANITIZER_ENV="VAR=V .."  the memcheck run again with these environment settings
 #   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1  SKIP_CPU_TESTS=1
-#   SWITCHES="stream no_stagger ..."  only these of the switch steps (gpu_tests_NAME; default all:
-#                          ~7 minutes on an H100, run after the Python steps; SWITCHES=none: none)
-#   DEADLINE=<seconds>     switch steps that would start this many seconds after the script's
-#                          start are skipped (e.g. 480 in a 600 s device call)
 #   BUILD_DIR=build-device  JOBS=$(nproc)  CMAKE_ARGS="..." (extra configure arguments)
 #   COMMIT=<hash>          the commit the working tree is (the device's .git may be stale)
 #   SPARSE_BENCH_ARGS="..."  arguments of bench/sparse_decode_vs_flashmla.py, e.g. "--only
-#                          prefill --ab OPENMLA_SPARSE_STAGGER=1" (an A/B of a switch, same run)
+#                          prefill" or "--rows compared"
 #   BUILD_TIMEOUT=420 TEST_TIMEOUT=240 SANITIZER_TIMEOUT=300 BENCH_TIMEOUT=240 (seconds per step)
 set -u -o pipefail
 
@@ -210,21 +205,6 @@ run_tests() {  # run_tests STEP BINARY LOGFILE ["ENV=VALUE ..." GTEST_FILTER: ap
     record "$step" FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) $summary"
   fi
 }
-# switch_tests NAME ...: run_tests gpu_tests_NAME ... unless SWITCHES (a list of names) leaves it out.
-switch_tests() {
-  local name="$1"
-  shift
-  if [[ -n "${SWITCHES:-}" && " $SWITCHES " != *" $name "* ]]; then
-    record "gpu_tests_$name" SKIP 0 "not in SWITCHES"
-    return
-  fi
-  if [[ -n "${DEADLINE:-}" && $SECONDS -ge $DEADLINE ]]; then
-    record "gpu_tests_$name" SKIP 0 "past DEADLINE (${DEADLINE}s)"
-    return
-  fi
-  TEST_TIMEOUT=${SWITCH_TEST_TIMEOUT:-120} run_tests "gpu_tests_$name" \
-    "$BUILD_DIR/tests/openmla_gpu_tests" "$OUT/gpu_tests.txt" "$@"
-}
 if [[ "${SKIP_CPU_TESTS:-0}" == 1 ]]; then
   record cpu_tests SKIP 0 "SKIP_CPU_TESTS=1"
 else
@@ -263,11 +243,6 @@ else
       fi
     }
     memcheck sanitizer "filter '$SANITIZER_FILTER'"
-    # SANITIZER_ENV="VAR=V ...": the same memcheck again with a switch set.
-    if [[ -n "${SANITIZER_ENV:-}" ]]; then
-      read -r -a san_env <<<"$SANITIZER_ENV"
-      memcheck sanitizer_env "$SANITIZER_ENV" "${san_env[@]}"
-    fi
   fi
 fi
 
@@ -365,62 +340,6 @@ if built "$BUILD_DIR/bench/openmla_demo"; then
     '$BUILD_ABS/examples-cpp/openmla_decode_step' --device cuda"
   if [[ $STEP_RC -eq 0 ]]; then record cpp_example PASS "$STEP_SECONDS" "$(grep -m1 'vs the CPU backend' "$LOG" | cut -c1-120)"; else
     record cpp_example FAIL "$STEP_SECONDS" "$(note_for $STEP_RC)"; fi
-fi
-
-# --- the switch steps: the GPU suite again under each A/B switch -------------------------------
-# (after the sanitizer and the Python steps: together they take several minutes, so a call with
-# a time limit reaches those first; DEADLINE=<seconds> skips the steps that would start later)
-# Quantised caches take the token fill wherever their parts are aligned; the warp-per-key fill
-# (unaligned layouts, and OPENMLA_SPARSE_FILL=keys) is tested for every format here.
-# h_q 128 (and the dense mode's even m-block counts) run as CTA pairs by default but where the
-# slot ring runs unpaired (below); the unpaired launch is tested too. bf16 tiles run the seesaw
-# order where it is faster; the default order is tested for every shape too.
-if [[ -z "${GTEST_FILTER:-}" ]]; then
-  switch_tests keys_fill OPENMLA_SPARSE_FILL=keys 'Sparse*:DenseDecodeKVCache*'
-  switch_tests unpaired OPENMLA_SPARSE_PAIR=0 'Sparse*:DenseDecodeKVCache*'
-  switch_tests default_order OPENMLA_SPARSE_SEESAW=0 'Sparse*'
-  # Sparse prefill runs the staggered maxima with half-stage barriers by default;
-  # OPENMLA_SPARSE_STAGGER=0 keeps its earlier orders, =1 puts the stagger on bf16 decode too.
-  switch_tests no_stagger OPENMLA_SPARSE_STAGGER=0 'SparsePrefill*'
-  switch_tests stagger OPENMLA_SPARSE_STAGGER=1 'Sparse*'
-  # The token fill streams its rounds by default for fp8_model1, fp8_mx and fp8_v32 in CTA pairs
-  # or the dense mode (core/sparse_kernel_plan.cc): streamed everywhere (=1), and the
-  # round-by-round fill (=0).
-  switch_tests stream OPENMLA_SPARSE_STREAM=1 'Sparse*:DenseDecodeKVCache*'
-  switch_tests stream_off OPENMLA_SPARSE_STREAM=0 'Sparse*:DenseDecodeKVCache*'
-  # The group fill of bf16 rows: prefill's default; on bf16 decode too (=1), and off (=0).
-  switch_tests groups OPENMLA_SPARSE_GROUPS=1 'Sparse*'
-  switch_tests no_groups OPENMLA_SPARSE_GROUPS=0 'SparsePrefill*'
-  # The ring fill's kernel (quantised keys of one format, unpaired; the default where it
-  # measured faster, core/sparse_kernel_plan.cc, in three round slots but on fp8_v32's one-tile
-  # splits; h_q 128 unpaired for it on long fp8 splits): everywhere it can run (=1), and with the
-  # pairs off (h_q 128 on it everywhere); off (=0: the register fills and the pairs); the pairs
-  # forced (PAIR=1); the one-stage form wherever the ring runs (SLOTS=0), and forced everywhere
-  # with the pairs off.
-  switch_tests ring OPENMLA_SPARSE_RING=1 'Sparse*:DenseDecodeKVCache*'
-  switch_tests ring_unpaired 'OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' 'Sparse*:DenseDecodeKVCache*'
-  switch_tests no_ring OPENMLA_SPARSE_RING=0 'Sparse*:DenseDecodeKVCache*'
-  switch_tests paired OPENMLA_SPARSE_PAIR=1 'Sparse*:DenseDecodeKVCache*'
-  switch_tests one_stage OPENMLA_SPARSE_SLOTS=0 'Sparse*:DenseDecodeKVCache*'
-  switch_tests one_stage_unpaired 'OPENMLA_SPARSE_SLOTS=0 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
-    'Sparse*:DenseDecodeKVCache*'
-  # The slots' keys staged as fp16 (OPENMLA_SPARSE_FP16=1, opt-in), forced onto every fp8 grid
-  # the ring can run; its arithmetic differs from the pair's, so not the pair's bit-for-bit test.
-  switch_tests fp16 'OPENMLA_SPARSE_FP16=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
-    'Sparse*:DenseDecodeKVCache*:-SparseDecodeSmall.CtaPairMatchesUnpaired'
-  # The slots decoded by two producer warpgroups (OPENMLA_SPARSE_WIDE=1, opt-in, 512 threads),
-  # forced onto every grid the ring can run, paired grids unpaired too.
-  switch_tests wide 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1' 'Sparse*:DenseDecodeKVCache*'
-  switch_tests wide_unpaired 'OPENMLA_SPARSE_WIDE=1 OPENMLA_SPARSE_RING=1 OPENMLA_SPARSE_PAIR=0' \
-    'Sparse*:DenseDecodeKVCache*'
-  # Sparse prefill's dequant-once marking by a write-back cache (OPENMLA_PREFILL_MARK=writeback,
-  # opt-in until timed), on every from-cache prefill test.
-  switch_tests mark_writeback OPENMLA_PREFILL_MARK=writeback 'SparsePrefill*:PrefillDequantOnce*'
-  # The round slots in a CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1, opt-in) on every grid of two
-  # m-blocks; its 32-key tiles round the softmax's sums differently from the unpaired 64-key
-  # tiles, so not the pair's bit-for-bit test.
-  switch_tests pair_slots OPENMLA_SPARSE_PAIRSLOTS=1 \
-    'Sparse*:DenseDecodeKVCache*:-SparseDecodeSmall.CtaPairMatchesUnpaired'
 fi
 
 # --- benchmarks ------------------------------------------------------------------------------

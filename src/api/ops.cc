@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "core/prefill_as_decode.h"
 #include "core/validate.h"
 #include "cpu/cpu_backend.h"
 #ifdef OPENMLA_WITH_CUDA
@@ -124,37 +125,6 @@ size_t sparse_prefill_workspace_size(Device device, int s_q, int h_q, int d_v, i
   return sparse_prefill_workspace_size(device, s_q, h_q, d_v);
 }
 
-namespace {
-// Sparse prefill from a paged cache is sparse decode with the query tokens as its batch: q
-// [s_q, h_q, d] as [s_q, 1, h_q, d], indices [s_q, 1, topk] as they are, lse / max_logits
-// [s_q, h_q] as [s_q, h_q, 1] (the size-1 dims' strides never move a pointer).
-SparseDecodeArgs prefill_as_decode(const SparsePrefillArgs& a) {
-  auto add_unit_dim = [](TensorView t, int at) {
-    for (int d = t.rank; d > at; --d) {
-      t.shape[d] = t.shape[d - 1];
-      t.strides[d] = t.strides[d - 1];
-    }
-    t.shape[at] = 1;
-    t.strides[at] = 0;
-    ++t.rank;
-    return t;
-  };
-  SparseDecodeArgs d;
-  d.q = add_unit_dim(a.q, 1);
-  d.k_cache = a.kv_cache;
-  d.indices = a.indices;
-  d.topk_length = a.topk_length;
-  d.attn_sink = a.attn_sink;
-  d.d_v = a.d_v;
-  d.softmax_scale = a.softmax_scale;
-  d.out = add_unit_dim(a.out, 1);
-  d.lse = add_unit_dim(a.lse, 2);
-  d.max_logits = add_unit_dim(a.max_logits, 2);
-  d.workspace = a.workspace;
-  return d;
-}
-}  // namespace
-
 Status sparse_prefill(const SparsePrefillArgs& args, [[maybe_unused]] Stream stream) {
   core::SparsePrefillShape shape;
   OPENMLA_RETURN_IF_ERROR(core::validate_sparse_prefill(args, &shape));
@@ -174,7 +144,7 @@ Status sparse_prefill(const SparsePrefillArgs& args, [[maybe_unused]] Stream str
       return cuda::sparse_prefill_dequant_once(args, shape, stream);
     }
 #endif
-    return sparse_decode(prefill_as_decode(args), stream);
+    return sparse_decode(core::sparse_prefill_as_decode(args), stream);
   }
   return dispatch("sparse_prefill", shape.device, [&] { return cpu::sparse_prefill(args, shape); },
                   OPENMLA_CUDA_CALL(cuda::sparse_prefill(args, shape, stream)));

@@ -5,7 +5,7 @@
 namespace openmla::core {
 
 SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
-                                    const SparseKernelSwitches& sw) {
+                                    const SparseTuning& sw) {
   SparseKernelPlan plan;
   const bool quantised = shape.by_token;
   plan.fill_for_format =
@@ -70,32 +70,22 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   }
   const bool ring = plan.fill_for_format && !plan.pair &&
                     (sw.ring == 1 || ((slots_default || one_stage_default) && sw.ring != 0));
-  // OPENMLA_SPARSE_SLOTS picks the form wherever the ring runs; forced on elsewhere, the slots.
-  const bool slots = sw.slots == 1 || (sw.slots != 0 && !one_stage_default);
+  // `slots` picks the form wherever the ring runs; forced on elsewhere, the slots. The one stage
+  // is compiled for the sparse mode at d 576 only (where it is a default): elsewhere the slots.
+  const bool one_stage_built = !shape.dense_mode && shape.d_qk == 576;
+  const bool slots = !one_stage_built || sw.slots == 1 || (sw.slots != 0 && !one_stage_default);
   plan.ring = !ring ? 0 : slots ? 2 : 1;
-  // The slots' keys staged as fp16 (OPENMLA_SPARSE_FP16; the fp8 formats: SM90 has no e2m1
+  // The slots' keys staged as fp16 (the fp8 formats: SM90 has no e2m1
   // conversion) where it measured faster (H100, 00da531, same run, cold): the dense mode's
   // memory-bound grids (one m-block of at most 32 rows) on splits of 64+ tiles, 1.01-1.05x
   // (fp8_v32 there otherwise takes the register fill). Elsewhere it measured 0.91-1.00x (the
-  // sparse grids, h_q 64-128, the dense mode's short splits): by the switch only there.
+  // sparse grids, h_q 64-128, the dense mode's short splits), and it is compiled for the dense
+  // mode only: elsewhere never.
   const bool fp16_default = shape.dense_mode && fp8_format && shape.m_blocks == 1 &&
                             shape.rows <= 32 && tiles >= 64 && plan.fill_for_format &&
                             !plan.pair && sw.ring != 0 && sw.slots != 0;
   if (fp16_default && sw.fp16 != 0) plan.ring = 3, plan.stream = 0;
-  if (plan.ring == 2 && fp8_format && sw.fp16 == 1) plan.ring = 3;
-  // The slots decoded by two producer warpgroups (OPENMLA_SPARSE_WIDE=1, 512 threads; not yet
-  // measured: by the switch only; sparse_decode/NOTES.md "the next two levers"), any format.
-  if (plan.ring >= 2 && sw.wide == 1) plan.ring = 4;
-  // The slots in a CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1; 32-key tiles, each CTA decoding every
-  // other round; sparse_decode/NOTES.md), on every grid of two m-blocks a pair can serve, unless
-  // the pairs are off. By the switch only: the forms above measured 1.03-1.19x faster on every
-  // h_q 128 row (H100, ef9eda8, same run; its per-warp copies and earlier hand-back since then
-  // not yet timed).
-  if (sw.pair_slots == 1 && plan.fill_for_format && shape.m_blocks % 2 == 0 && sw.pair != 0) {
-    plan.pair = true;
-    plan.ring = 5;
-    plan.stream = 0;
-  }
+  if (plan.ring == 2 && fp8_format && shape.dense_mode && sw.fp16 == 1) plan.ring = 3;
   if (plan.ring) plan.stream = 0;  // (the streaming fill is a register fill: not in this kernel)
 
   // bf16 keys by cp.async in the sparse mode: the seesaw order where it measured faster (prefill
@@ -105,7 +95,7 @@ SparseKernelPlan plan_sparse_kernel(const SparseKernelShape& shape,
   const bool prefill_stagger = shape.prefill && sw.stagger != 0;
   // (Quarter-stage barriers were prefill's default at d 576 until the group fill: with it the
   // half-stage barriers measured 1.12-1.16x faster, H100, 0dd750d; the quarters and an L2 hint
-  // (+-0.5%) are gone since, sparse_prefill/NOTES.md.)
+  // (+-0.5%) are gone since, sparse_decode/NOTES.md.)
   const bool stagger = sw.stagger == 1 || prefill_stagger;
   plan.seesaw = !quantised && !shape.dense_mode && shape.bf16_async &&
                 (shape.d_qk == 512 || shape.m_blocks == 1 || stagger) && sw.seesaw != 0;
@@ -127,7 +117,7 @@ bool prefill_dequantizes_once(const PrefillFromCacheShape& shape, int forced) {
   if (forced == 1) return true;
   // The direct path decodes a named key once per query token and 64-head block that gathers it;
   // the compacting one once, plus ~70 µs of marking, scanning and remapping at s_q 4096 (its
-  // costing in sparse_prefill/NOTES.md). Taken where the direct path would decode each row 8
+  // costing in sparse_decode/NOTES.md). Taken where the direct path would decode each row 8
   // times or more on average.
   const int64_t m_blocks = (shape.h_q + 63) / 64;
   const double decodes = static_cast<double>(shape.s_q) * shape.topk * m_blocks;

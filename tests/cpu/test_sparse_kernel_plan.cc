@@ -1,5 +1,5 @@
 // The sparse kernel's form (core/sparse_kernel_plan.h): the defaults each shape gets, as measured
-// and recorded in the kernels' NOTES.md, and every environment switch overriding them.
+// and recorded in the kernels' NOTES.md, and every SparseTuning override (tests and benchmarks).
 #include <gtest/gtest.h>
 
 #include "core/sparse_kernel_plan.h"
@@ -57,7 +57,7 @@ TEST(SparseKernelPlan, TheTokenFillStreamsWhereItMeasuredFaster) {
   // Sparse mode, the register fills (CTA pairs; unpaired grids with the ring off, which the fp8
   // formats otherwise take): fp8_v32 unpaired round by round, paired streamed; fp8_model1 /
   // fp8_mx streamed; fp4 round by round.
-  SparseKernelSwitches no_ring;
+  SparseTuning no_ring;
   no_ring.ring = 0;
   EXPECT_EQ(plan_sparse_kernel(quantised(F::kFP8_V32, 576, 1), no_ring).stream, 0);
   const SparseKernelPlan v32_pair = plan_sparse_kernel(quantised(F::kFP8_V32, 576, 2), {});
@@ -87,7 +87,7 @@ TEST(SparseKernelPlan, CachesOfTwoFormatsReadTheFormatAtRunTime) {
 
 TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
   using F = SparseFillFormat;
-  SparseKernelSwitches sw;
+  SparseTuning sw;
   sw.stagger = 0;  // prefill's earlier orders
   const SparseKernelPlan plain = plan_sparse_kernel(bf16(576, 2, true), sw);
   EXPECT_FALSE(plain.seesaw || plain.stagger);
@@ -124,7 +124,7 @@ TEST(SparseKernelPlan, SwitchesOverrideTheDefaults) {
 
 TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   using F = SparseFillFormat;
-  auto ring = [](F f, int m_blocks, bool dense, int tiles, SparseKernelSwitches sw = {}) {
+  auto ring = [](F f, int m_blocks, bool dense, int tiles, SparseTuning sw = {}) {
     SparseKernelShape s = quantised(f, f == F::kFP8_V32 ? 576 : 512, m_blocks, dense);
     s.tiles_per_split = tiles;
     return plan_sparse_kernel(s, sw);
@@ -163,42 +163,44 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 32).pair);
   EXPECT_TRUE(ring(F::kFP8_V32, 2, true, 2).pair);
   // The switches: the ring off anywhere (the pairs back); on wherever the kernel runs
-  // (unpaired, one format), in the slots unless OPENMLA_SPARSE_SLOTS=0.
-  SparseKernelSwitches off;
+  // (unpaired, one format), in the slots unless `slots` is 0.
+  SparseTuning off;
   off.ring = 0;
   EXPECT_FALSE(ring(F::kFP8_V32, 1, false, 32, off).ring);
   EXPECT_TRUE(ring(F::kFP8_V32, 2, false, 32, off).pair);
   EXPECT_EQ(ring(F::kFP8_Model1, 1, false, 32, off).stream, 1);
-  SparseKernelSwitches on;
+  SparseTuning on;
   on.ring = 1;
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
     for (bool dense : {false, true}) {
       EXPECT_EQ(ring(f, 1, dense, 2, on).ring, 2);
       EXPECT_EQ(ring(f, 2, dense, 2, on).ring, 0);  // paired unless the pair is off
-      SparseKernelSwitches unpaired = on;
+      SparseTuning unpaired = on;
       unpaired.pair = 0;
       EXPECT_EQ(ring(f, 2, dense, 32, unpaired).ring, 2);
     }
   }
-  SparseKernelSwitches paired;  // the pair forced: no ring at h_q 128
+  SparseTuning paired;  // the pair forced: no ring at h_q 128
   paired.pair = 1;
   EXPECT_TRUE(ring(F::kFP8_V32, 2, false, 32, paired).pair);
   EXPECT_EQ(ring(F::kFP8_V32, 2, false, 32, paired).ring, 0);
-  SparseKernelSwitches one_stage;  // the one-stage form wherever the ring runs; the pairs kept
+  SparseTuning one_stage;  // the one-stage form where it is compiled (sparse mode, d 576)
   one_stage.slots = 0;
-  EXPECT_EQ(ring(F::kFP8_Model1, 1, false, 32, one_stage).ring, 1);
-  EXPECT_EQ(ring(F::kFP8_MX, 1, true, 16, one_stage).ring, 1);
+  EXPECT_EQ(ring(F::kFP8_V32, 1, false, 32, one_stage).ring, 1);
+  EXPECT_EQ(ring(F::kFP8_Model1, 1, false, 32, one_stage).ring, 2);  // d 512: the slots
+  EXPECT_EQ(ring(F::kFP8_MX, 1, true, 16, one_stage).ring, 2);       // the dense mode: the slots
   EXPECT_TRUE(ring(F::kFP8_V32, 2, false, 32, one_stage).pair);
-  SparseKernelSwitches slots;  // the slots even on fp8_v32's one-tile splits
+  SparseTuning slots;  // the slots even on fp8_v32's one-tile splits
   slots.slots = 1;
   EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, slots).ring, 2);
-  // The slots' keys staged as fp16 (form 3) where the slots run over an fp8 format; not fp4
-  // (no e2m1 conversion on SM90), not the one-stage form, not the register fills.
-  SparseKernelSwitches fp16;
+  // The slots' keys staged as fp16 (form 3, compiled for the dense mode) where the slots run
+  // over an fp8 format; not fp4 (no e2m1 conversion on SM90), not the register fills, not the
+  // sparse mode.
+  SparseTuning fp16;
   fp16.fp16 = 1;
   for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX}) {
-    EXPECT_EQ(ring(f, 1, false, 32, fp16).ring, 3);
-    EXPECT_EQ(ring(f, 2, false, 32, fp16).ring, 3);  // h_q 128 unpaired in the slots
+    EXPECT_EQ(ring(f, 1, false, 32, fp16).ring, 2);
+    EXPECT_EQ(ring(f, 2, false, 32, fp16).ring, 2);  // h_q 128 unpaired in the slots
     EXPECT_EQ(ring(f, 1, true, 16, fp16).ring, 3);
     EXPECT_EQ(ring(f, 2, true, 64, fp16).ring, 0);   // the pair
   }
@@ -206,7 +208,7 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
   EXPECT_EQ(ring(F::kFP4, 1, false, 32, fp16).ring, 2);
   EXPECT_EQ(ring(F::kFP8_V32, 1, false, 32).ring, 2);  // not the sparse grids' default
   // The default on the dense mode's memory-bound grids (at most 32 rows) with 64+ tiles a split.
-  auto dense_rows = [](F f, int rows, int tiles, SparseKernelSwitches sw = {}) {
+  auto dense_rows = [](F f, int rows, int tiles, SparseTuning sw = {}) {
     SparseKernelShape s = quantised(f, f == F::kFP8_V32 ? 576 : 512, 1, true);
     s.rows = rows;
     s.tiles_per_split = tiles;
@@ -218,38 +220,14 @@ TEST(SparseKernelPlan, TheRingFillRunsWhereItMeasuredFaster) {
     EXPECT_EQ(dense_rows(f, 16, 64).stream, 0);
     EXPECT_EQ(dense_rows(f, 64, 64).ring, f == F::kFP8_V32 ? 0 : 2);  // h_q 64: not faster
     EXPECT_EQ(dense_rows(f, 16, 16).ring, 2);                           // short splits
-    SparseKernelSwitches no_fp16;
+    SparseTuning no_fp16;
     no_fp16.fp16 = 0;
     EXPECT_EQ(dense_rows(f, 16, 64, no_fp16).ring, f == F::kFP8_V32 ? 0 : 2);
-    SparseKernelSwitches no_ring;
+    SparseTuning no_ring;
     no_ring.ring = 0;
     EXPECT_EQ(dense_rows(f, 16, 64, no_ring).ring, 0);
   }
   EXPECT_EQ(dense_rows(F::kFP4, 16, 64).ring, 2);
-  // The slots decoded by two producer warpgroups (form 4): by the switch, wherever the slots run.
-  SparseKernelSwitches wide;
-  wide.wide = 1;
-  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
-    EXPECT_EQ(ring(f, 1, false, 32, wide).ring, 4);
-    EXPECT_EQ(ring(f, 1, false, 32).ring, 2);  // off by default
-  }
-  EXPECT_EQ(dense_rows(F::kFP8_Model1, 16, 64, wide).ring, 4);  // over the fp16 default too
-  EXPECT_EQ(ring(F::kFP8_V32, 1, false, 1, wide).ring, 1);     // not the one-stage form
-  // The slots in a CTA pair (form 5, paired): by the switch, on grids of two m-blocks.
-  SparseKernelSwitches pair_slots;
-  pair_slots.pair_slots = 1;
-  for (F f : {F::kFP8_V32, F::kFP8_Model1, F::kFP8_MX, F::kFP4}) {
-    for (bool dense : {false, true}) {
-      const SparseKernelPlan pl = ring(f, 2, dense, 32, pair_slots);
-      EXPECT_TRUE(pl.pair);
-      EXPECT_EQ(pl.ring, 5);
-      EXPECT_EQ(pl.stream, 0);
-      EXPECT_EQ(ring(f, 1, dense, 32, pair_slots).pair, false);  // one m-block: no pair
-    }
-  }
-  pair_slots.pair = 0;  // the pairs off win
-  EXPECT_FALSE(ring(F::kFP8_V32, 2, false, 32, pair_slots).pair);
-  EXPECT_EQ(ring(F::kFP8_V32, 2, false, 32, pair_slots).ring, 2);
   EXPECT_FALSE(plan_sparse_kernel(quantised(F::kNone, 512, 1), on).ring);  // two formats
   EXPECT_FALSE(plan_sparse_kernel(bf16(512, 1, false), on).ring);
   EXPECT_FALSE(plan_sparse_kernel(bf16(576, 1, true), on).ring);

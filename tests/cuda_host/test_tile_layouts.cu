@@ -13,7 +13,7 @@ namespace {
 using namespace cute;
 using Pv256 = openmla::cuda::sm90::attention::MlaTiles<bfloat16_t, 64, 64, 512, 256>::TiledMmaPV;
 
-// The producers (sparse_decode/producer.cuh: every fill, by tile, half or round) write key k's
+// The producers (sparse_decode/fills.cuh: every fill, by tile, half or round) write key k's
 // dims [8 c, 8 c + 8) of 64-dim piece p at byte p * 8192 + 128 k + 16 (c ^ (k % 8)) of a stage: the
 // K tile's layout (128 B swizzle), which QK^T and P V read. Checked element by element.
 TEST(TileLayouts, ProducerAddressesAreTheKTileLayout) {

@@ -15,9 +15,11 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/test_data.h"
+#include "cuda/sm90/sparse_decode/tuning.h"
 #include "gpu/gpu_kv_cache.h"
 #include "gpu/gpu_test_util.h"
 #include "openmla/openmla.h"
@@ -199,13 +201,19 @@ struct Problem {
   }
 };
 
-void check(const Case& c) {
+// The production entry, or with `tuning` the internal one (cuda/sm90/sparse_decode/tuning.h)
+// that launches the forms the plan would not pick for this shape.
+Status run_gpu(const SparseDecodeArgs& args, const core::SparseTuning* tuning = nullptr) {
+  return tuning ? cuda::sm90::sparse_decode_with_tuning(args, *tuning) : sparse_decode(args);
+}
+
+void check(const Case& c, const core::SparseTuning* tuning = nullptr) {
   SCOPED_TRACE(c.name());
   Problem p(c);
   Status st = sparse_decode(p.cpu);
   ASSERT_TRUE(st.ok()) << st.message();
   const std::vector<double> ref_out = p.out.values(), ref_lse = p.lse.values();
-  const Status gst = sparse_decode(p.gpu);
+  const Status gst = run_gpu(p.gpu, tuning);
   ASSERT_TRUE(gst.ok()) << gst.message();
   ASSERT_TRUE(st.ok()) << st.message();
   synchronize();
@@ -378,13 +386,14 @@ TEST(SparseDecode, AllIndicesInvalidIsLonely) {
 }
 
 // bf16 caches through both fills on long key lists (many tiles a CTA): the register path
-// (OPENMLA_SPARSE_BF16_CP_ASYNC=0) and cp.async straight into the stage (the default), whose first
+// (SparseTuning::bf16_registers) and cp.async straight into the stage (the default), whose first
 // form handed a stage over only after the next tile's copies and deadlocked from a CTA's third
 // tile. With an fp8 extra cache, tiles of both fills alternate in one CTA.
 TEST(SparseDecode, Bf16FillsOnLongLists) {
   uint64_t seed = 7000;
-  for (const char* cp_async : {"0", "1"}) {
-    setenv("OPENMLA_SPARSE_BF16_CP_ASYNC", cp_async, 1);
+  for (bool registers : {true, false}) {
+    core::SparseTuning tuning;
+    tuning.bf16_registers = registers;
     for (int d_qk : {576, 512}) {
       for (int64_t s_q : {1, 2}) {
         Case c;
@@ -400,12 +409,67 @@ TEST(SparseDecode, Bf16FillsOnLongLists) {
           c.extra_topk = 512;
         }
         c.seed = seed++;
-        SCOPED_TRACE(std::string("OPENMLA_SPARSE_BF16_CP_ASYNC=") + cp_async);
-        check(c);
+        SCOPED_TRACE(registers ? "bf16 keys through registers" : "bf16 keys by cp.async");
+        check(c, &tuning);
       }
     }
   }
-  unsetenv("OPENMLA_SPARSE_BF16_CP_ASYNC");
+}
+
+// Every compiled form the plan would not pick for these shapes, forced through SparseTuning (the
+// internal entry, cuda/sm90/sparse_decode/tuning.h), against the CPU backend on every format,
+// h_q 64 and 128, one split and several, with V4's extra cache at d 512: the warp-per-key fill,
+// the CTA pair off and forced, the ring fill off, everywhere and in its one-stage form, the token
+// fill streamed and round by round, the fill that reads the format at run time, the first order
+// and the stagger for bf16 keys, the group fill off, no L2 prefetch, one-tile splits.
+TEST(SparseDecodeForms, EveryFormThroughTuning) {
+  std::vector<std::pair<std::string, core::SparseTuning>> forms;
+  auto add = [&](const char* name, auto set) {
+    core::SparseTuning t;
+    set(t);
+    forms.emplace_back(name, t);
+  };
+  add("warp-per-key fill", [](core::SparseTuning& t) { t.key_fill = true; });
+  add("unpaired", [](core::SparseTuning& t) { t.pair = 0; });
+  add("paired", [](core::SparseTuning& t) { t.pair = 1; });
+  add("no ring", [](core::SparseTuning& t) { t.ring = 0; });
+  add("ring everywhere", [](core::SparseTuning& t) { t.ring = 1, t.pair = 0; });
+  add("ring one stage", [](core::SparseTuning& t) { t.ring = 1, t.slots = 0, t.pair = 0; });
+  add("streamed", [](core::SparseTuning& t) { t.ring = 0, t.stream = 1; });
+  add("round by round", [](core::SparseTuning& t) { t.ring = 0, t.stream = 0; });
+  add("format at run time", [](core::SparseTuning& t) { t.generic_fill = true; });
+  add("first order", [](core::SparseTuning& t) { t.seesaw = 0; });
+  add("stagger", [](core::SparseTuning& t) { t.stagger = 1; });
+  add("no group fill", [](core::SparseTuning& t) { t.groups = 0; });
+  add("no prefetch", [](core::SparseTuning& t) { t.no_prefetch = true; });
+  add("one-tile splits", [](core::SparseTuning& t) { t.tiles_per_split = 1; });
+  uint64_t seed = 8000;
+  for (const auto& [name, tuning] : forms) {
+    SCOPED_TRACE(name);
+    for (CacheSpec s : kFormats) {
+      for (int64_t h_q : {64, 128}) {
+        Case c;
+        c.cache = s;
+        c.cache.num_blocks = 12;
+        c.b = h_q == 64 ? 2 : 3;
+        c.s_q = 2;
+        c.h_q = h_q;
+        c.topk = h_q == 64 ? 300 : 200;
+        c.topk_length = h_q == 128;
+        c.sink = h_q == 128 ? Sink::kMixed : Sink::kNone;
+        if (kv_format_info(s.format, s.d_qk).d_qk == 512 && h_q == 64) {
+          CacheSpec e = spec(s.format, 512);
+          e.page = 32;
+          e.num_blocks = 4;
+          c.extra = e;
+          c.extra_topk = 90;
+          c.extra_topk_length = true;
+        }
+        c.seed = seed++;
+        check(c, &tuning);
+      }
+    }
+  }
 }
 
 // Small shapes of every format, split and not, with an extra cache: also run under memcheck.
@@ -439,7 +503,7 @@ TEST(SparseDecodeSmall, Sanitizer) {
 
 // h_q 96 and 128 over quantised caches run as CTA pairs (a 2-CTA cluster: each CTA decodes half
 // of every tile into both CTAs' shared memory). Against the CPU, and bit for bit against the same
-// launch with the pair off (OPENMLA_SPARSE_PAIR=0): the pair changes who decodes, not what.
+// launch with the pair off (SparseTuning::pair 0): the pair changes who decodes, not what.
 // Small, so memcheck runs it too.
 TEST(SparseDecodeSmall, CtaPairMatchesUnpaired) {
   uint64_t seed = 6500;
@@ -470,10 +534,10 @@ TEST(SparseDecodeSmall, CtaPairMatchesUnpaired) {
       check(c);
       SCOPED_TRACE(c.name());
       Problem p(c);
-      auto run = [&](const char* pair) {
-        setenv("OPENMLA_SPARSE_PAIR", pair, 1);
-        const Status st = sparse_decode(p.gpu);
-        unsetenv("OPENMLA_SPARSE_PAIR");
+      auto run = [&](int pair) {
+        core::SparseTuning tuning;
+        tuning.pair = pair;
+        const Status st = run_gpu(p.gpu, &tuning);
         EXPECT_TRUE(st.ok()) << st.message();
         synchronize();
         HostTensor out = same_layout(p.out), lse = same_layout(p.lse);
@@ -483,7 +547,7 @@ TEST(SparseDecodeSmall, CtaPairMatchesUnpaired) {
         v.insert(v.end(), l.begin(), l.end());
         return v;
       };
-      const std::vector<double> paired = run("1"), apart = run("0");
+      const std::vector<double> paired = run(1), apart = run(0);
       int64_t differ = 0;
       for (size_t k = 0; k < paired.size(); ++k) {
         differ += !(paired[k] == apart[k] || (paired[k] != paired[k] && apart[k] != apart[k]));

@@ -15,8 +15,10 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cuda/sm90/sparse_decode/tuning.h"
 #include "common/test_data.h"
 #include "gpu/gpu_kv_cache.h"
 #include "gpu/gpu_test_util.h"
@@ -152,7 +154,7 @@ struct PrefillProblem {
     gpu.max_logits = d_max.view;
     gpu.lse = d_lse.view;
     // With a quantised cache the larger size lets the call dequantise each named slot once
-    // (where the plan or OPENMLA_PREFILL_DEQUANT_ONCE takes it).
+    // (where the plan or g_tuning takes it).
     const size_t ws =
         cache && !c.base_workspace
             ? sparse_prefill_workspace_size(Device::cuda(0), static_cast<int>(c.s_q),
@@ -164,12 +166,17 @@ struct PrefillProblem {
   }
 };
 
+// Null: the production entry; else the internal one (cuda/sm90/sparse_decode/tuning.h) with these
+// settings (e.g. the dequantise-once path of a quantised cache forced off / on).
+const core::SparseTuning* g_tuning = nullptr;
+
 void check(const PrefillCase& c) {
   SCOPED_TRACE(c.name());
   PrefillProblem p(c);
   const Status st = sparse_prefill(p.cpu);
   ASSERT_TRUE(st.ok()) << st.message();
-  const Status gst = sparse_prefill(p.gpu);
+  const Status gst = g_tuning ? cuda::sm90::sparse_prefill_with_tuning(p.gpu, *g_tuning)
+                              : sparse_prefill(p.gpu);
   ASSERT_TRUE(gst.ok()) << gst.message();
   synchronize();
   HostTensor out = same_layout(p.out), ml = same_layout(p.max_logits), lse = same_layout(p.lse);
@@ -272,15 +279,19 @@ TEST(SparsePrefill, StraightFromEveryCacheFormat) {
   }
 }
 
-// Each named slot dequantised once (OPENMLA_PREFILL_DEQUANT_ONCE=1) and the direct path (=0) on
+// Each named slot dequantised once (SparseTuning::dequant_once 1) and the direct path (0) on
 // every quantised format and layout, against the CPU backend: lengths, sinks, both head blocks,
 // a cache far larger than the slots named (and one with more marked words than the marking's
 // filter has entries), every index invalid, and a workspace too small for the compact rows (the
 // call then takes the direct path whatever the switch says).
-class PrefillDequantOnce : public ::testing::TestWithParam<const char*> {
+class PrefillDequantOnce : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override { setenv("OPENMLA_PREFILL_DEQUANT_ONCE", GetParam(), 1); }
-  void TearDown() override { unsetenv("OPENMLA_PREFILL_DEQUANT_ONCE"); }
+  void SetUp() override {
+    tuning_.dequant_once = GetParam();
+    g_tuning = &tuning_;
+  }
+  void TearDown() override { g_tuning = nullptr; }
+  core::SparseTuning tuning_;
 };
 
 TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
@@ -329,7 +340,7 @@ TEST_P(PrefillDequantOnce, EveryQuantisedFormat) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(SparsePrefill, PrefillDequantOnce, ::testing::Values("1", "0"));
+INSTANTIATE_TEST_SUITE_P(SparsePrefill, PrefillDequantOnce, ::testing::Values(1, 0));
 
 // The FP8 tensor-core path on every quantised format and both d_qk: head counts 16-128 (one and
 // two head blocks), lengths (with a token of none), sinks finite and ±inf, topk not a multiple of
@@ -415,7 +426,9 @@ TEST(SparsePrefillSmall, Fp8TensorCoresSanitizer) {
 }
 
 TEST(SparsePrefillSmall, DequantOnceSanitizer) {
-  setenv("OPENMLA_PREFILL_DEQUANT_ONCE", "1", 1);
+  core::SparseTuning once;
+  once.dequant_once = 1;
+  g_tuning = &once;
   PrefillCase c;
   CacheSpec s;
   s.format = KVFormat::kFP8_V32;
@@ -429,7 +442,41 @@ TEST(SparsePrefillSmall, DequantOnceSanitizer) {
   c.sink = 1;
   c.seed = 700;
   check(c);
-  unsetenv("OPENMLA_PREFILL_DEQUANT_ONCE");
+  g_tuning = nullptr;
+}
+
+// bf16 kv through the orders and fills the plan does not pick for prefill (SparseTuning): the
+// plain seesaw, the first order, the stagger's seesaw without the group fill, the register path.
+TEST(SparsePrefillForms, OtherOrdersAndFills) {
+  std::vector<std::pair<std::string, core::SparseTuning>> forms(4);
+  forms[0].first = "plain seesaw";
+  forms[0].second.stagger = 0;
+  forms[1].first = "first order";
+  forms[1].second.seesaw = 0;
+  forms[2].first = "no group fill";
+  forms[2].second.groups = 0;
+  forms[3].first = "bf16 through registers";
+  forms[3].second.bf16_registers = true;
+  uint64_t seed = 900;
+  for (const auto& [name, tuning] : forms) {
+    SCOPED_TRACE(name);
+    g_tuning = &tuning;
+    for (int64_t d : {576, 512}) {
+      for (int64_t h_q : {64, 128}) {
+        PrefillCase c;
+        c.d_qk = d;
+        c.h_q = h_q;
+        c.h_kv = h_q == 128 ? 2 : 1;
+        c.s_q = 5;
+        c.topk = 200;
+        c.topk_length = h_q == 64;
+        c.sink = h_q == 128 ? 2 : 0;
+        c.seed = seed++;
+        check(c);
+      }
+    }
+  }
+  g_tuning = nullptr;
 }
 
 TEST(SparsePrefillSmall, Sanitizer) {

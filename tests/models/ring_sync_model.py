@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A model of the ring fill's synchronisation (src/cuda/sm90/sparse_decode/kernel.cuh consume's
-ring branches, producer.cuh produce_by_ring), run on the CPU under many random interleavings to
+ring branches, fill_ring.cuh produce_by_ring), run on the CPU under many random interleavings to
 find deadlocks and buffer races before a GPU does: the one-stage ring (two rounds of one 64-key
 stage), its three round slots (traits.h kSlots), and the slots in a CTA pair (--pair; traits.h
-kPairSlots, producer.cuh produce_by_ring_pair: CTA rank r decodes the rounds n with n % 2 = r
+kPairSlots, the removed produce_by_ring_pair: CTA rank r decodes the rounds n with n % 2 = r
 into its slot and bulk-copies it into the peer's, completing bytes on the peer's full barrier;
 each CTA's producer arrives on its full barrier for the peer's rounds with expect_tx; the compute
 warps walk 32-key tiles, a round each, and release both CTAs' slots; P and the row factors cross
@@ -21,7 +21,7 @@ Checked for tile counts 0..7, both d_qk (d 576: P in the slots' RoPE pieces), ma
 
   python3 tests/models/ring_sync_model.py [--schedules 2000] [--self-test] [--pair]
 
-Keep it in step with kernel.cuh and producer.cuh. Exit status 1 on any finding.
+Keep it in step with kernel.cuh and fill_ring.cuh. Exit status 1 on any finding.
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def producer(w: World):
             w.arrive_full(i)
 
 
-# The slots in a CTA pair (producer.cuh produce_by_ring_pair): this CTA's producer walks every
+# The slots in a CTA pair (the removed produce_by_ring_pair): this CTA's producer walks every
 # round; its own rounds (n % 2 = rank) it decodes into its slot and bulk-copies into the peer's
 # (the copy reads its source and lands later, completing 4 units on the peer's full barrier), and
 # at d 576 arrives on its own full barrier only once the copy has read its source (bulk

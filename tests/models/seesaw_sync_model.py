@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A model of the sparse kernel's seesaw synchronisation (src/cuda/sm90/sparse_decode/kernel.cuh
-consume, producer.cuh produce_halves), run on the CPU under many random
+consume, fill_rows.cuh produce_halves), run on the CPU under many random
 interleavings to find deadlocks and buffer races before a GPU does. It mirrors the order of every
 barrier operation and every shared-memory buffer access of the three warpgroups, for the seesaw
 order with staggered maxima (the kernel's) and the plain seesaw order; each warpgroup is one agent

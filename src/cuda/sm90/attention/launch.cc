@@ -2,8 +2,6 @@
 #include "cuda/sm90/attention/launch.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/str_cat.h"
 
@@ -15,17 +13,6 @@ std::atomic<int> g_cached_arch[kMaxCachedDevices];  // 0: not read yet
 std::atomic<int> g_cached_num_sms[kMaxCachedDevices];
 
 }  // namespace
-
-int env_switch(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] < '0' || v[0] > '1' || v[1] != '\0') return -1;
-  return v[0] - '0';
-}
-
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
 
 Status cuda_error(const char* op, const char* call, cudaError_t err) {
   if (err == cudaSuccess) return Status::Ok();

@@ -28,12 +28,6 @@ struct DeviceFacts {
 };
 Status device_facts(const char* op, int device_index, DeviceFacts* facts);
 
-// An A/B switch of a kernel's form, read from the environment at every call: 0 or 1, else -1
-// (unset or anything else: the plan decides). docs/benchmarking.md lists them.
-int env_switch(const char* name);
-// Whether the environment variable `name` is set to exactly `value` (the named A/B settings).
-bool env_is(const char* name, const char* value);
-
 // Every kernel is built for sm_90a, whose machine code runs on compute capability 9.0 only.
 constexpr int kSupportedArch = 90;
 

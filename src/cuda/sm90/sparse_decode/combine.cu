@@ -31,15 +31,13 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
   return v;
 }
 
-// kParallel: every split's lse is read at once (a thread a split) and its weight kept in shared
-// memory, so the weighted sum of O has kInFlight splits' loads in flight a step. Otherwise (the
-// first form, OPENMLA_SPARSE_COMBINE=serial for A/B runs) each thread walks the splits one at a
-// time, each load a dependent round trip.
-template <bool kParallel>
+// Every split's lse is read at once (a thread a split) and its weight kept in shared memory, so
+// the weighted sum of O has kInFlight splits' loads in flight a step (walking the splits one at
+// a time, each load a dependent round trip, measured slower: NOTES.md).
 __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
     const __grid_constant__ SparseDecodeParams p) {
   constexpr int kInFlight = 8;
-  __shared__ float weight[kParallel ? kSparseMaxSplits : 1];
+  __shared__ float weight[kSparseMaxSplits];
   __shared__ float scratch[4];
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const int h = blockIdx.x, token = p.token0 + blockIdx.y;
@@ -48,56 +46,38 @@ __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
   const int64_t split_stride = static_cast<int64_t>(p.tokens) * p.h_q;
   const int n = p.num_splits;
   float mx = -INFINITY, max_logit = -INFINITY;
-  if constexpr (kParallel) {
-    for (int s = threadIdx.x; s < n; s += 128) {
-      const float l = p.lse_partial[s * split_stride + row];
-      weight[s] = l;
-      mx = fmaxf(mx, l);
-      if (p.max_logits != nullptr) {
-        max_logit = fmaxf(max_logit, p.max_partial[s * split_stride + row]);
-      }
-    }
-    mx = block_reduce<true>(mx, scratch);
-    if (p.max_logits != nullptr) max_logit = block_reduce<true>(max_logit, scratch);
-  } else {
-    for (int s = 0; s < n; ++s) mx = fmaxf(mx, p.lse_partial[s * split_stride + row]);
-    if (p.max_logits != nullptr && threadIdx.x == 0) {
-      for (int s = 0; s < n; ++s) max_logit = fmaxf(max_logit, p.max_partial[s * split_stride + row]);
+  for (int s = threadIdx.x; s < n; s += 128) {
+    const float l = p.lse_partial[s * split_stride + row];
+    weight[s] = l;
+    mx = fmaxf(mx, l);
+    if (p.max_logits != nullptr) {
+      max_logit = fmaxf(max_logit, p.max_partial[s * split_stride + row]);
     }
   }
+  mx = block_reduce<true>(mx, scratch);
+  if (p.max_logits != nullptr) max_logit = block_reduce<true>(max_logit, scratch);
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
   float lse = INFINITY;  // no split saw a key: a lonely query
   if (mx != -INFINITY) {
     const float4* o_part = reinterpret_cast<const float4*>(p.o_partial + row * 512) + threadIdx.x;
     float sum = 0.f;
-    if constexpr (kParallel) {
-      for (int s = threadIdx.x; s < n; s += 128) sum += expf(weight[s] - mx);
-      lse = mx + logf(block_reduce<false>(sum, scratch));
-      for (int s = threadIdx.x; s < n; s += 128) weight[s] = expf(weight[s] - lse);  // 0: empty
-      __syncthreads();
-      for (int s0 = 0; s0 < n; s0 += kInFlight) {
-        float4 v[kInFlight];
-        float w[kInFlight];
+    for (int s = threadIdx.x; s < n; s += 128) sum += expf(weight[s] - mx);
+    lse = mx + logf(block_reduce<false>(sum, scratch));
+    for (int s = threadIdx.x; s < n; s += 128) weight[s] = expf(weight[s] - lse);  // 0: empty
+    __syncthreads();
+    for (int s0 = 0; s0 < n; s0 += kInFlight) {
+      float4 v[kInFlight];
+      float w[kInFlight];
 #pragma unroll
-        for (int e = 0; e < kInFlight; ++e) {
-          const int s = s0 + e;
-          w[e] = s < n ? weight[s] : 0.f;
-          // An empty split's partial is never read (it may hold anything; 0 * NaN is NaN).
-          v[e] = w[e] != 0.f ? o_part[s * split_stride * 128] : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int e = 0; e < kInFlight; ++e) {
-          o.x += w[e] * v[e].x, o.y += w[e] * v[e].y, o.z += w[e] * v[e].z, o.w += w[e] * v[e].w;
-        }
+      for (int e = 0; e < kInFlight; ++e) {
+        const int s = s0 + e;
+        w[e] = s < n ? weight[s] : 0.f;
+        // An empty split's partial is never read (it may hold anything; 0 * NaN is NaN).
+        v[e] = w[e] != 0.f ? o_part[s * split_stride * 128] : make_float4(0.f, 0.f, 0.f, 0.f);
       }
-    } else {
-      for (int s = 0; s < n; ++s) sum += expf(p.lse_partial[s * split_stride + row] - mx);
-      lse = mx + logf(sum);
-      for (int s = 0; s < n; ++s) {
-        const float w = expf(p.lse_partial[s * split_stride + row] - lse);  // 0 for an empty split
-        if (w == 0.f) continue;
-        const float4 v = o_part[s * split_stride * 128];
-        o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
+#pragma unroll
+      for (int e = 0; e < kInFlight; ++e) {
+        o.x += w[e] * v[e].x, o.y += w[e] * v[e].y, o.z += w[e] * v[e].z, o.w += w[e] * v[e].w;
       }
     }
     if (p.sink != nullptr) {
@@ -131,9 +111,7 @@ cudaError_t launch_sparse_decode_combine(const SparseDecodeParams& params, cudaS
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return params.serial_combine
-             ? cudaLaunchKernelEx(&config, sparse_decode_combine_kernel<false>, params)
-             : cudaLaunchKernelEx(&config, sparse_decode_combine_kernel<true>, params);
+  return cudaLaunchKernelEx(&config, sparse_decode_combine_kernel, params);
 }
 
 }  // namespace openmla::cuda::sm90

@@ -1,4 +1,4 @@
-// The fp8 fill's fast e4m3 -> bf16 decode (producer.cuh), in a header of its own so that
+// The fp8 fill's fast e4m3 -> bf16 decode (fill_common.cuh), in a header of its own so that
 // bench/bench_decode_rate.cu times the very code the kernels run. No CUTLASS, no kernel state.
 #pragma once
 
@@ -24,7 +24,7 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 // multiply by scale · 2^120 gives the product, exactly for the power-of-two scales every writer
 // of these formats stores (e8m0, and fp8_v32's rounded-up float scales). NaN codes (0x7F, 0xFF,
 // which no quantiser writes for finite data) come out finite here. Scales of 2^7 or more, NaN
-// scales and non-finite products take the codec's float path instead (producer.cuh
+// scales and non-finite products take the codec's float path instead (fill_common.cuh
 // e4m3x16_to_bf16). The fast path alone: `mul` is bf16x2 of scale · 2^120 (< 2^127).
 __device__ __forceinline__ void e4m3x16_to_bf16_fast(const uint32_t (&w)[4], uint32_t mul,
                                                      uint32_t (&out)[8]) {

@@ -3,7 +3,6 @@
 #include "cuda/sm90/sparse_decode/launch.h"
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "core/sparse_kernel_plan.h"
@@ -18,31 +17,6 @@ namespace {
 constexpr int kKeysPerTile = 64;
 constexpr size_t kAlign = 256;
 
-// bf16 keys by cp.async straight into the stage (producer.cuh) instead of through registers:
-// the default (1.7x on sparse prefill, H100, NOTES.md); OPENMLA_SPARSE_BF16_CP_ASYNC=0 (read at
-// every launch) takes the register path, for A/B runs.
-// The token fill of quantised caches (producer.cuh) is the default where the cache's parts are
-// aligned for it; OPENMLA_SPARSE_FILL=keys (read at every launch) takes the warp-per-key fill, and
-// OPENMLA_SPARSE_PREFETCH=0 turns the one-tile-ahead L2 prefetch off, for A/B runs.
-using attention::env_is;
-bool bf16_cp_async() { return !env_is("OPENMLA_SPARSE_BF16_CP_ASYNC", "0"); }
-
-using attention::env_switch;
-core::SparseKernelSwitches env_switches() {
-  core::SparseKernelSwitches sw;
-  sw.stagger = env_switch("OPENMLA_SPARSE_STAGGER");
-  sw.seesaw = env_switch("OPENMLA_SPARSE_SEESAW");
-  sw.groups = env_switch("OPENMLA_SPARSE_GROUPS");
-  sw.stream = env_switch("OPENMLA_SPARSE_STREAM");
-  sw.pair = env_switch("OPENMLA_SPARSE_PAIR");
-  sw.ring = env_switch("OPENMLA_SPARSE_RING");
-  sw.slots = env_switch("OPENMLA_SPARSE_SLOTS");
-  sw.fp16 = env_switch("OPENMLA_SPARSE_FP16");
-  sw.wide = env_switch("OPENMLA_SPARSE_WIDE");
-  sw.pair_slots = env_switch("OPENMLA_SPARSE_PAIRSLOTS");
-  sw.generic_fill = env_is("OPENMLA_SPARSE_FILL", "generic");
-  return sw;
-}
 core::SparseFillFormat fill_format(int codec) {
   using kvcodec::Codec;
   switch (static_cast<Codec>(codec)) {
@@ -52,25 +26,6 @@ core::SparseFillFormat fill_format(int codec) {
     case Codec::kFP4: return core::SparseFillFormat::kFP4;
     default: return core::SparseFillFormat::kNone;
   }
-}
-
-// OPENMLA_SPARSE_SPLIT_OVERHEAD=n (0-16, read at every launch; A/B runs of the split plan at
-// small batches): a CTA's fixed cost in the plan's model, in tiles; 1 otherwise.
-int split_overhead() {
-  const char* v = std::getenv("OPENMLA_SPARSE_SPLIT_OVERHEAD");
-  if (v == nullptr || v[0] < '0' || v[0] > '9') return 1;
-  const int n = std::atoi(v);
-  return n <= 16 ? n : 1;
-}
-
-// OPENMLA_SPARSE_TILES_PER_SPLIT=n (1-256, read at every launch; A/B runs of small batches): the
-// sparse mode's split walks n tiles (fewer splits where the workspace bound allows fewer), in
-// place of the plan's choice; 0 (unset) keeps the plan.
-int forced_tiles_per_split() {
-  const char* v = std::getenv("OPENMLA_SPARSE_TILES_PER_SPLIT");
-  if (v == nullptr || v[0] < '1' || v[0] > '9') return 0;
-  const int n = std::atoi(v);
-  return n <= 256 ? n : 0;
 }
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -107,7 +62,8 @@ int codec_of(KVFormat format) {
   return -1;
 }
 
-Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c) {
+Status cache_params(const KVCache& cache, const char* arg, const core::SparseTuning& tuning,
+                    SparseCacheParams* c) {
   const KVLayout& l = cache.layout;
   if (l.format == KVFormat::kFP16) {
     return Status::NotImplemented(core::str_cat(
@@ -146,17 +102,16 @@ Status cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c)
            offset % to == 0 && stride % to == 0;
   };
   const bool aligned = aligned_to(l.data_offset, l.data_stride, 16);
-  c->prefetch_bytes =
-      aligned && !env_is("OPENMLA_SPARSE_PREFETCH", "0") ? static_cast<int>(bytes) : 0;
-  // bf16 keys need no decoding: cp.async can copy them into the stage (16 B pieces, so the rows
-  // must be 16 B aligned).
-  c->async_copy = l.format == KVFormat::kBF16 && aligned && bf16_cp_async();
+  c->prefetch_bytes = aligned && !tuning.no_prefetch ? static_cast<int>(bytes) : 0;
+  // bf16 keys need no decoding: cp.async copies them into the stage (16 B pieces, so the rows
+  // must be 16 B aligned; 1.7x the register path on sparse prefill, H100, NOTES.md).
+  c->async_copy = l.format == KVFormat::kBF16 && aligned && !tuning.bf16_registers;
   // The token fill loads a key's data and RoPE parts in 16 B pieces and its scales in 8 B
   // (fp8_model1) or 16 B (fp8_v32, fp8_mx, fp4) pieces. (bf16 keys by cp.async take the
   // warp-per-key fill: a quarter-key a thread was slower for them, each lane's copies touching
   // lines of their own.)
   const int scale_align = l.format == KVFormat::kFP8_Model1 ? 8 : 16;
-  c->by_token = info.quantized() && !env_is("OPENMLA_SPARSE_FILL", "keys") && aligned &&
+  c->by_token = info.quantized() && !tuning.key_fill && aligned &&
                 aligned_to(l.scale_offset, l.scale_stride, scale_align) &&
                 (info.rope_bytes == 0 || aligned_to(l.rope_offset, l.rope_stride, 16));
   return Status::Ok();
@@ -206,8 +161,9 @@ void set_q_out_lse(const TensorView& q, const TensorView& out, const TensorView&
   p->lse_stride_s = lse.strides[2];
 }
 
-Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c) {
-  return cache_params(cache, arg, c);
+Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c,
+                           const core::SparseTuning& tuning) {
+  return cache_params(cache, arg, tuning, c);
 }
 
 size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q) {
@@ -223,20 +179,24 @@ size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_
 
 Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
                                const Workspace& workspace, int device_index, cudaStream_t stream,
-                               const char* op, bool batch_invariant, bool prefill) {
+                               const char* op, bool batch_invariant, bool prefill,
+                               const core::SparseTuning& tuning) {
   if (p.s_pack == 0) p.s_pack = 1;  // sparse mode: one query token a problem
   p.problems = p.tokens / p.s_pack;
   p.m_blocks = (p.s_pack * p.h_q + 63) / 64;
   if (p.tokens == 0) return Status::Ok();
   const int sms = num_sms(device_index);
   const int64_t ctas = static_cast<int64_t>(p.problems) * p.m_blocks;
-  core::SparseSplitPlan plan = core::plan_sparse_splits(sms, ctas, max_tiles, split_overhead());
+  const int overhead = tuning.split_overhead >= 0 && tuning.split_overhead <= 16
+                           ? tuning.split_overhead
+                           : 1;
+  core::SparseSplitPlan plan = core::plan_sparse_splits(sms, ctas, max_tiles, overhead);
   if (batch_invariant) {  // one CTA walks a token's whole key list, in the list's order
     plan = {1, static_cast<int>(max_tiles)};
-  } else if (const int forced = forced_tiles_per_split(); forced > 0 && p.block_table == nullptr &&
-                                                          max_tiles > 0) {
+  } else if (tuning.tiles_per_split > 0 && tuning.tiles_per_split <= 256 &&
+             p.block_table == nullptr && max_tiles > 0) {
     // Never more splits than the workspace holds (sparse_workspace_bytes' bound).
-    plan = core::forced_sparse_splits(sms, ctas, max_tiles, forced);
+    plan = core::forced_sparse_splits(sms, ctas, max_tiles, tuning.tiles_per_split);
   }
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
@@ -258,8 +218,8 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
     return Status::CudaError(core::str_cat(op, ": launch failed: ", cudaGetErrorName(err), " (",
                                            cudaGetErrorString(err), ")"));
   };
-  // The kernel's form (core/sparse_kernel_plan.h: the fill, the compute order and their
-  // switches, each default measured faster on an H100; docs/benchmarking.md lists the switches).
+  // The kernel's form (core/sparse_kernel_plan.h: the fill and the compute order, each default
+  // measured faster on an H100).
   p.by_token = p.cache[0].by_token && (p.topk[1] == 0 || p.cache[1].by_token);
   core::SparseKernelShape kshape;
   kshape.prefill = prefill;
@@ -274,7 +234,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   kshape.format = one_codec ? fill_format(p.cache[0].codec) : core::SparseFillFormat::kNone;
   kshape.bf16_async = p.cache[0].async_copy && (p.topk[1] == 0 || p.cache[1].async_copy);
   kshape.tiles_per_split = p.tiles_per_split;
-  const core::SparseKernelPlan form = core::plan_sparse_kernel(kshape, env_switches());
+  const core::SparseKernelPlan form = core::plan_sparse_kernel(kshape, tuning);
   p.fill_codec = form.fill_for_format ? p.cache[0].codec : -1;
   p.pair = form.pair;
   p.stream = form.stream;
@@ -292,8 +252,6 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
     if (err != cudaSuccess) return failed(err);
   }
   if (p.num_splits > 1) {
-    // OPENMLA_SPARSE_COMBINE=serial (read at every launch): the first combine, for A/B runs.
-    p.serial_combine = env_is("OPENMLA_SPARSE_COMBINE", "serial");
     for (p.token0 = 0; p.token0 < p.tokens; p.token0 += 65535) {
       if (const cudaError_t err = launch_sparse_decode_combine(p, stream); err != cudaSuccess) {
         return failed(err);
@@ -304,7 +262,7 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
 }
 
 Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape& shape,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const core::SparseTuning& tuning) {
   if (shape.d_v != 512) {
     return Status::NotImplemented(
         core::str_cat("sparse_decode: d_v ", shape.d_v, " has no CUDA kernel (d_v 512 only)"));
@@ -322,7 +280,7 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
     p.max_logits_stride_h = args.max_logits.strides[1];
     p.max_logits_stride_s = args.max_logits.strides[2];
   }
-  OPENMLA_RETURN_IF_ERROR(cache_params(args.k_cache, "k_cache", &p.cache[0]));
+  OPENMLA_RETURN_IF_ERROR(cache_params(args.k_cache, "k_cache", tuning, &p.cache[0]));
   p.indices[0] = args.indices.data_as<const int32_t>();
   p.indices_stride_b[0] = args.indices.strides[0];
   p.indices_stride_s[0] = args.indices.strides[1];
@@ -333,7 +291,7 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
   p.cache[1] = p.cache[0];
   p.indices[1] = p.indices[0];
   if (args.extra_k_cache.defined()) {
-    OPENMLA_RETURN_IF_ERROR(cache_params(args.extra_k_cache, "extra_k_cache", &p.cache[1]));
+    OPENMLA_RETURN_IF_ERROR(cache_params(args.extra_k_cache, "extra_k_cache", tuning, &p.cache[1]));
     p.indices[1] = args.extra_indices.data_as<const int32_t>();
     p.indices_stride_b[1] = args.extra_indices.strides[0];
     p.indices_stride_s[1] = args.extra_indices.strides[1];
@@ -357,7 +315,7 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
                             (shape.extra_topk + kKeysPerTile - 1) / kKeysPerTile;
   return launch_sparse_attention(p, static_cast<int>(shape.d_qk), max_tiles, args.workspace,
                                  shape.device.index, stream, "sparse_decode",
-                                 args.batch_invariant);
+                                 args.batch_invariant, /*prefill=*/false, tuning);
 }
 
 }  // namespace openmla::cuda::sm90

@@ -25,7 +25,7 @@ struct SparseCacheParams {
   int codec = 0;          // kvcodec::Codec of the format
   int prefetch_bytes = 0; // a token's data part rounded up to 16 B for the L2 bulk prefetch; 0: off
   bool async_copy = false;  // bf16 with 16 B aligned rows: keys go to shared memory by cp.async
-  bool by_token = false;    // quantised, parts aligned for the token fill (producer.cuh)
+  bool by_token = false;    // quantised, parts aligned for the token fill (fills.cuh)
 };
 
 struct SparseDecodeParams {
@@ -82,23 +82,20 @@ struct SparseDecodeParams {
                         // divides each request's own tiles evenly over the splits in the kernel)
   float scale;          // softmax scale
   float scale_log2;     // scale * log2(e)
-  bool by_token;        // every cache the grid reads takes the token fill (producer.cuh)
+  bool by_token;        // every cache the grid reads takes the token fill (fills.cuh)
   int fill_codec;       // by_token: the caches' one kvcodec::Codec, for a fill built for it; -1:
                         // the fill reads each cache's codec at run time
-  bool serial_combine;  // the combine walks the splits one at a time (A/B runs; combine.cu)
   bool seesaw;          // every cache bf16 by cp.async, sparse mode, unpaired: the seesaw
                         // order of the compute warpgroups (kernel.cuh consume)
   bool pair;            // by_token, one codec, m_blocks even: 2-CTA clusters share the decoding
                         // (pair.cuh)
-  bool stagger;         // seesaw: with staggered maxima (OPENMLA_SPARSE_STAGGER=1, A/B runs)
+  bool stagger;         // seesaw: with staggered maxima (sparse prefill's order)
   bool group_fill;      // seesaw: bf16 rows by 8-lane groups, 4 keys a warp instruction
-                        // (prefill's default; OPENMLA_SPARSE_GROUPS; producer.cuh)
-  int stream;           // fill_codec >= 0: the streaming token fill 1, 0 off (launch.cu;
-                        // OPENMLA_SPARSE_STREAM; producer.cuh)
+                        // (the bf16 grids' default; fill_rows.cuh)
+  int stream;           // fill_codec >= 0: the streaming token fill 1, 0 off (fills.cuh)
   int ring;             // fill_codec >= 0, unpaired: 1 the ring fill's kernel (traits.h kRing;
-                        // producer.cuh produce_by_ring), 2 with three round slots, 3 the
-                        // slots with fp16 keys (kFp16), 4 the slots decoded by two producer
-                        // warpgroups (512 threads), 5 the slots in a CTA pair (with pair); 0 off
+                        // fill_ring.cuh produce_by_ring), 2 with three round slots, 3 the
+                        // slots with fp16 keys (kFp16); 0 off
 };
 
 }  // namespace openmla::cuda::sm90

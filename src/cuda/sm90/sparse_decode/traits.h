@@ -24,19 +24,15 @@ namespace openmla::cuda::sm90 {
 // kSeesaw_: the compute warpgroups in seesaw order (kernel.cuh consume_seesaw; bf16 tiles by
 // cp.async only, the sparse mode): each computes S for alternate tiles and both halves' P V, so
 // both hold S, P and half of O, and the producer, copies only, needs few registers.
-// kStagger_: the seesaw with staggered maxima (kernel.cuh consume; OPENMLA_SPARSE_STAGGER=1).
-// kRing_: 1 the ring fill (OPENMLA_SPARSE_RING=1; producer.cuh produce_by_ring): quantised
+// kStagger_: the seesaw with staggered maxima (kernel.cuh consume; sparse prefill's order).
+// kRing_: 1 the ring fill (fill_ring.cuh produce_by_ring): quantised
 // keys' raw bytes by cp.async into a ring of rounds (32 keys) in shared memory, decoded from there
 // into ONE bf16 stage whose two rounds have barriers of their own (kernel.cuh: S = Q K^T by
-// round); 2 the same decoded into THREE round slots (OPENMLA_SPARSE_SLOTS=1; NOTES.md lever 1),
+// round); 2 the same decoded into THREE round slots (NOTES.md),
 // so the decode of round n + 2 runs while the compute warpgroups hold rounds n and n + 1; 3 the
-// round slots with the keys staged as fp16 (OPENMLA_SPARSE_FP16=1; NOTES.md lever 2: the fp8
-// formats' codes by one cvt a pair, each key and Q's rows scaled by powers of two into fp16's
-// range, S and P scaled back in fp32; at d 576 the RoPE piece stays bf16); 4 the round slots
-// decoded by TWO producer warpgroups (OPENMLA_SPARSE_WIDE=1; 512 threads, 8 lanes a key, each
-// of the 8 warps 4 keys of every round; NOTES.md "the next two levers"); 5 the round slots in a
-// CTA pair (OPENMLA_SPARSE_PAIRSLOTS=1; pair.cuh: CTA rank r decodes the rounds n with n % 2 = r
-// into its slot and bulk-copies the slot into the peer's; NOTES.md); 0 not.
+// round slots with the keys staged as fp16 (SparseTuning::fp16, the dense mode; NOTES.md: the
+// fp8 formats' codes by one cvt a pair, each key and Q's rows scaled by powers of two into fp16's
+// range, S and P scaled back in fp32; at d 576 the RoPE piece stays bf16); 0 not.
 template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
           int kRing_ = 0>
 struct SparseDecodeTraits
@@ -53,9 +49,7 @@ struct SparseDecodeTraits
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
   static constexpr bool kRing = kRing_ > 0;
   static constexpr bool kSlots = kRing_ >= 2;
-  static_assert(kRing_ >= 0 && kRing_ <= 5);
-  static constexpr bool kPairSlots = kRing_ == 5;
-  static constexpr int kProducerWarpgroups = kRing_ == 4 ? 2 : 1;
+  static_assert(kRing_ >= 0 && kRing_ <= 3);
   static_assert(!(kRing && kSeesaw), "the ring fill serves quantised keys, the seesaw bf16 ones");
   // A stage's buffers with barriers of their own: the seesaw's halves (L: dims 0-255, R: the
   // rest).
@@ -114,25 +108,13 @@ struct SparseDecodeTraits
                                  cute::Shape<cute::_64, cute::_32, cute::_64>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>()));
   static constexpr bool kRopeBf16 = kFp16 && kHeadDimQK == 576;
-  // The slots in a CTA pair (kPairSlots) run 32-key tiles: P of a round (64 x 32) as the A
-  // operand of a P V over one slot. Only its shape matters.
-  using SmemLayoutPRound = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Element>{},
-                                                        cute::Shape<cute::_64, cute::_32>{}));
-  // Two producer warpgroups (kRing_ 4): the kernel is compiled for 128 registers a thread (512
-  // threads), too few for one 64 x 256 wgmma's operands (ptxas C7602), so a warpgroup's P V is
-  // two 64 x 128 groups, each over 2 pieces of a slot's V.
-  using TiledMmaPV128 =
-      typename attention::MlaTiles<cute::bfloat16_t, 64, 64, kHeadDimQK_, 128>::TiledMmaPV;
-  using SmemLayoutVSlot128 = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_MN_SW128_Atom<cute::bfloat16_t>{}, cute::Shape<cute::_128, cute::_32>{},
-      cute::Step<cute::_2, cute::_1>{}));
   // Full / empty barriers: per stage, per part of a stage (the seesaw) or per round (the ring).
   static constexpr int kBarriers = kSeesaw ? kParts * kStages : kSlots ? 3 : kRing ? 2 : kStages;
   // P (64 x 64 bf16) crosses from WG0 to WG1. At d 576 it lives in the stage's RoPE piece (dead
   // once QK^T is done; Q + two tiles leave no room for more), at d 512 in buffers of its own.
   static constexpr bool kPInKTile = kNumPieces > 8;
 
-  static constexpr int kNumThreads = 128 * (2 + kProducerWarpgroups);
+  static constexpr int kNumThreads = 384;
   static constexpr int kVHalfDims = kHeadDimV / 2;
   // setmaxnreg: WG0 (S, P and half of O) 232, WG1 (half of O and P) 176, the producer 96:
   // 504 per thread slot = the 384 x 168 the CTA launches with. The dense mode's WG0 keeps its
@@ -141,14 +123,11 @@ struct SparseDecodeTraits
   // The ring's WG0 holds Q's descriptors of the round-by-round QK^T too: 240 as the dense
   // mode's (its producer, decoding from shared memory, fits 88).
   // kFp16: WG0 also scales S and P by the keys' exponents: 256, its producer 72.
-  // Two producer warpgroups (kRing_ 4): 240 + 176 + 2 x 48 = 512 a thread slot of 512 threads.
-  // The slots in a CTA pair (kPairSlots): WG0's 32-key tiles hold half the S and P registers, so
-  // 232, and the producer 96 (at 88 its decode spilled at d 576).
   static constexpr int kWg0Registers =
-      kSeesaw || kPairSlots ? 232 : kFp16 ? 256 : kDense || kRing ? 240 : 232;
+      kSeesaw ? 232 : kFp16 ? 256 : kDense || kRing ? 240 : 232;
   static constexpr int kWg1Registers = kSeesaw ? 232 : 176;
   static constexpr int kProducerRegisters =
-      kSeesaw ? 40 : kFp16 ? 72 : kRing_ == 4 ? 48 : kPairSlots ? 96 : kDense || kRing ? 88 : 96;
+      kSeesaw ? 40 : kFp16 ? 72 : kDense || kRing ? 88 : 96;
   // Keys a producer warp loads before it decodes them (each lane holds <= 10 words a key).
   static constexpr int kKeysPerWarp = kBlockN / 4;  // 16
   static constexpr int kLoadBatch = 4;
@@ -170,16 +149,15 @@ struct SparseDecodeTraits
     uint32_t row_code[kDense ? kBlockM : 1];
     // per stage: bit j of word b = key 8 b + j is valid (words, so a CTA pair's peer can write
     // its own with st.async, whose smallest store is 4 bytes)
-    // (the round slots: words 4 s .. 4 s + 3 for slot s, keys 8 w .. 8 w + 7 of its round; with
-    // two producer warpgroups warp w writes byte w % 2 of word 4 s + w / 2: keys 4 w .. 4 w + 3)
+    // (the round slots: words 4 s .. 4 s + 3 for slot s, keys 8 w .. 8 w + 7 of its round)
     alignas(16) uint32_t valid[kStages][kSlots ? 12 : 8];
     // the producer filled the stage (4 warp arrivals; with a CTA pair, also the peer's bytes)
-    // (the seesaw order: per part, kParts stage + part, producer.cuh produce_halves)
+    // (the seesaw order: per part, kParts stage + part, fill_rows.cuh produce_halves)
     // (the ring: per round of the one stage, produce_by_ring)
     alignas(8) uint64_t full[kBarriers];
     // the compute warpgroups are done with it (8 warps; 16 with a CTA pair: both CTAs' warps)
     uint64_t empty[kBarriers];
-    // the ring fill's raw records (producer.cuh produce_by_ring)
+    // the ring fill's raw records (fill_ring.cuh produce_by_ring)
     alignas(kRing ? 128 : 16) uint8_t ring[kRingBytes];
     // kFp16: each key's exponent e (its fp16 row is the key times 2^-e), per slot and key of the
     // round, written by the producer with the slot; O's exponent, per WG0 warp (the epilogue's,

@@ -52,7 +52,7 @@ __device__ __forceinline__ int32_t index_at(const IndexRows& r, int64_t t, int64
 
 // Step 1. Most indices repeat a slot already marked, and the marked slots' words are few (1024
 // for 32768 slots: 32 lines of L2), so every index's atomic, or its read of the word from L2,
-// would queue on a few L2 lines (sparse_prefill/NOTES.md has the measurement). A block keeps a
+// would queue on a few L2 lines (sparse_decode/NOTES.md has the measurement). A block keeps a
 // direct-mapped filter in shared memory of the words it has marked: entry = word << 32 | bits
 // that atomicOr returned set (a subset of the word's bits in memory, whichever thread stored it
 // last, as a 64-bit store is whole), and skips an index whose bit the entry holds. Four blocks
@@ -93,50 +93,6 @@ __global__ void __launch_bounds__(kThreads) mark_named_slots(const IndexRows r, 
     const uint32_t set = atomicOr(bitmap + w, bit) | bit;
     *entry = static_cast<unsigned long long>(w) << 32 | set;
   });
-}
-
-// Step 1 with a write-back cache (OPENMLA_PREFILL_MARK=writeback; not yet timed: the next lever
-// of sparse_prefill/NOTES.md, predicted 81 -> 20-30 µs for 8.4 M indices). A block ORs its
-// indices' bits into a direct-mapped cache in shared memory (entry = word << 32 | the bits this
-// block has seen; ~0: empty), updated by compare-and-swap: an entry taken by another word is
-// flushed into the bitmap by the thread that evicts it, and every entry is flushed at the end, so
-// each bit reaches the bitmap while a block sends about one atomic a word it touches, however
-// often its indices repeat. One block an SM of 1024 threads.
-constexpr int kMarkCacheThreads = 1024;
-__device__ __forceinline__ void mark_in_cache(unsigned long long* cache, uint32_t* bitmap,
-                                              uint32_t w, uint32_t bit) {
-  unsigned long long* entry = cache + (w & (kFilterEntries - 1));
-  unsigned long long e = *entry;
-  for (;;) {
-    if (static_cast<uint32_t>(e >> 32) == w) {
-      if ((e & bit) != 0) return;  // this block holds it already
-      const unsigned long long seen = atomicCAS(entry, e, e | bit);
-      if (seen == e) return;
-      e = seen;
-      continue;
-    }
-    const unsigned long long seen =
-        atomicCAS(entry, e, static_cast<unsigned long long>(w) << 32 | bit);
-    if (seen == e) {
-      if (e != ~0ull) atomicOr(bitmap + (e >> 32), static_cast<uint32_t>(e));  // evicted
-      return;
-    }
-    e = seen;
-  }
-}
-__global__ void __launch_bounds__(kMarkCacheThreads)
-    mark_named_slots_cached(const IndexRows r, uint32_t* bitmap) {
-  __shared__ unsigned long long cache[kFilterEntries];
-  for (int i = threadIdx.x; i < kFilterEntries; i += kMarkCacheThreads) cache[i] = ~0ull;
-  __syncthreads();
-  for_each_named_slot<kMarkCacheThreads>(r, [&](int32_t slot) {
-    mark_in_cache(cache, bitmap, static_cast<uint32_t>(slot) >> 5, 1u << (slot & 31));
-  });
-  __syncthreads();
-  for (int i = threadIdx.x; i < kFilterEntries; i += kMarkCacheThreads) {
-    const unsigned long long e = cache[i];
-    if (e != ~0ull) atomicOr(bitmap + (e >> 32), static_cast<uint32_t>(e));
-  }
 }
 
 // Step 2's input: counts[w] = popcount(bitmap[w]), counts[words] = 0 (its scan is the total).
@@ -237,7 +193,7 @@ size_t sparse_prefill_cache_workspace_size(int device_index, int s_q, int h_q, i
 }
 
 bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
-                                     const core::SparsePrefillShape& shape) {
+                                     const core::SparsePrefillShape& shape, int dequant_once) {
   const KVCache& cache = args.kv_cache;
   if (!cache.defined() || !quantised(cache.layout.format) || shape.d_v != 512) return false;
   core::PrefillFromCacheShape s;
@@ -257,7 +213,7 @@ bool sparse_prefill_dequantizes_once(const SparsePrefillArgs& args,
                                                          cache);
   // The compact rows' count and slot numbers are int32 (indices are).
   if (s.num_slots > INT32_MAX) return false;
-  return core::prefill_dequantizes_once(s, attention::env_switch("OPENMLA_PREFILL_DEQUANT_ONCE"));
+  return core::prefill_dequantizes_once(s, dequant_once);
 }
 
 namespace {
@@ -299,15 +255,9 @@ Status list_named_slots(const SparsePrefillArgs& args, const core::SparsePrefill
   OPENMLA_RETURN_IF_ERROR(attention::device_facts(kOp, shape.device.index, &facts));
   OPENMLA_RETURN_IF_ERROR(cuda_error(
       kOp, "cudaMemsetAsync", cudaMemsetAsync(bitmap, 0, static_cast<size_t>(l.words) * 4, stream)));
-  // OPENMLA_PREFILL_MARK=writeback (read at every call): the write-back marking, for A/B runs.
-  if (attention::env_is("OPENMLA_PREFILL_MARK", "writeback")) {
-    mark_named_slots_cached<<<grid_for(shape.s_q, facts.num_sms), kMarkCacheThreads, 0, stream>>>(
-        r, bitmap);
-  } else {
-    const unsigned mark_blocks =
-        grid_for(shape.s_q, kMarkBlocksPerSm * static_cast<int64_t>(facts.num_sms));
-    mark_named_slots<<<mark_blocks, kThreads, 0, stream>>>(r, bitmap);
-  }
+  const unsigned mark_blocks =
+      grid_for(shape.s_q, kMarkBlocksPerSm * static_cast<int64_t>(facts.num_sms));
+  mark_named_slots<<<mark_blocks, kThreads, 0, stream>>>(r, bitmap);
   count_marked<<<grid_for(word_blocks, INT32_MAX), kThreads, 0, stream>>>(bitmap, l.words, counts);
   size_t scan_bytes = l.scan_bytes;
   OPENMLA_RETURN_IF_ERROR(cuda_error(

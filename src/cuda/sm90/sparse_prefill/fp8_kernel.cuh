@@ -1,4 +1,4 @@
-// Sparse prefill on FP8 tensor cores (the opt-in path of docs/semantics.md; NOTES.md beside this
+// Sparse prefill on FP8 tensor cores (the opt-in path of docs/semantics.md; sparse_decode/NOTES.md
 // has the design and its measurements). Keys come as e4m3 rows of one power-of-two scale each
 // (dequant_once.cu writes them from the cache's named slots: 512 codes, 64 RoPE dims as bf16, all
 // divided by the row's scale s_k); q is quantised here, a row at a time, the same way.

@@ -18,7 +18,7 @@ size_t sparse_prefill_workspace_size(int device_index, int s_q, int h_q, int d_v
 }
 
 Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const core::SparseTuning& tuning) {
   constexpr const char* kOp = "sparse_prefill";
   if (shape.d_v != 512) {
     return Status::NotImplemented(
@@ -63,7 +63,7 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
           kOp, ": kv: the CUDA kernel reads token rows apart; expected a token stride of at least ",
           shape.d_qk, " elements, got ", kv.strides[0]));
     }
-    OPENMLA_RETURN_IF_ERROR(sparse_cache_params(rows, "kv", &p.cache[0]));
+    OPENMLA_RETURN_IF_ERROR(sparse_cache_params(rows, "kv", &p.cache[0], tuning));
     p.indices[0] = args.indices.data_as<const int32_t>() + g * args.indices.strides[1];
     p.indices_stride_b[0] = args.indices.strides[0];
     p.indices_stride_k[0] = args.indices.strides[2];
@@ -88,7 +88,7 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
                                                     (shape.topk + 63) / 64, args.workspace,
                                                     shape.device.index, stream, kOp,
                                                     /*batch_invariant=*/false,
-                                                    /*prefill=*/true));
+                                                    /*prefill=*/true, tuning));
   }
   return Status::Ok();
 }

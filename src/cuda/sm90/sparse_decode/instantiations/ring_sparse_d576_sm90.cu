@@ -1,4 +1,4 @@
-// The sparse decode kernel with the ring fill (traits.h kRing; OPENMLA_SPARSE_RING=1), d_qk 576, the sparse mode.
+// The sparse decode kernel with the ring fill (traits.h kRing: the forms core/sparse_kernel_plan.cc picks), d_qk 576, the sparse mode.
 #include "cuda/sm90/sparse_decode/kernel.cuh"
 
 namespace openmla::cuda::sm90 {
