@@ -24,3 +24,17 @@ for entry in $SHAPES; do
   ncu --import "$rep.ncu-rep" --page source --csv --print-source sass -k regex:sparse_decode_kernel \
     >"$OUT/ncu_${name}_sass.csv" 2>>"$OUT/ncu.log"
 done
+# OpenMLA's main kernel by role (research/stalls_by_role.py): the cubin of that kernel from the
+# same build (the device has cuobjdump and nvdisasm).
+mkdir -p /tmp/cubins
+(cd /tmp/cubins && cuobjdump -xelf all "$OLDPWD"/build/pypkg/openmla/_C*.so >/dev/null 2>&1)
+for entry in $SHAPES; do
+  IFS=: read -r name fmt b s_q h_q topk <<<"$entry"
+  [[ -s "$OUT/ncu_${name}_sass.csv" ]] || continue
+  for key in "${KERNEL_KEYS:-ILi576ELb0ELb0ELb0ELi2E}"; do
+    c="$(grep -l "SparseDecodeTraits$key" /tmp/cubins/*.cubin 2>/dev/null | head -n 1)"
+    [[ -n "$c" ]] || continue
+    python3 research/stalls_by_role.py "$OUT/ncu_${name}_sass.csv" "$c" --kernel "$key" \
+      >"$OUT/roles_$name.txt" 2>&1
+  done
+done
