@@ -207,6 +207,41 @@ def test_torch_compile_fullgraph(backend):
     assert all(torch.equal(x.grad, g) for x, g in zip((q, k, v), grads))
 
 
+def test_flashmla_signatures():
+    """FlashMLA's parameter names, order and defaults (flash_mla/flash_mla_interface.py)."""
+    import inspect
+    tail = [("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
+            ("deterministic", False), ("is_varlen", True)]
+    want = {
+        "flash_attn_varlen_func": ["q", "k", "v", "cu_seqlens_qo", "cu_seqlens_kv",
+                                   "max_seqlen_qo", "max_seqlen_kv"],
+        "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen", "head_dim_qk"],
+        "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_qo", "cu_seqlens_kv",
+                                            "max_seqlen_qo", "max_seqlen_kv", "head_dim_qk"],
+    }
+    for name, positional in want.items():
+        params = inspect.signature(getattr(flash_mla, name)).parameters
+        assert list(params) == positional + [n for n, _ in tail]
+        assert all(params[n].default is inspect.Parameter.empty for n in positional)
+        assert all(params[n].default == d for n, d in tail)
+
+
+def test_inference_mode():
+    """Engines prefill under torch.inference_mode: eager and compiled."""
+    q, k, v, cu_q, cu_kv, max_q, max_kv = inputs(192, 4, 2, seed=13)
+    want = openmla.mha_prefill(q, k, v, cu_q, cu_kv, max_q, max_kv, causal=True)
+
+    def step(q, k, v):
+        return flash_mla.flash_attn_varlen_func(q, k, v, cu_q, cu_kv, max_q, max_kv, causal=True)
+
+    with torch.inference_mode():
+        got = step(q, k, v)
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v)
+    for out, lse in (got, compiled):
+        assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+
+
 def call(**override):
     q, k, v, cu_q, cu_kv, max_q, max_kv = inputs(192, 4, 2, seq_q=[3, 2], seq_kv=[4, 2])
     args = dict(q=q, k=k, v=v, cu_seqlens_qo=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_qo=max_q,
