@@ -50,6 +50,12 @@ def _run(op: str, q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen
     if fw.is_torch_tensor(q):
         _mha_prefill._check_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
                                    max_seqlen_kv)
+        # The autograd.Function saves them for the backward: torch tensors, as q is.
+        for name, x in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                        ("cu_seqlens_kv", cu_seqlens_kv)):
+            if not fw.is_torch_tensor(x):
+                raise TypeError(f"{op}: {name}: expected a torch.Tensor (q is one), got "
+                                f"{type(x).__name__}")
         _api._scale(op, softmax_scale)
         from ._mha_torch_ops import MhaPrefillFunction
         return MhaPrefillFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,

@@ -272,6 +272,8 @@ I32 = torch.int32
     (dict(k=torch.zeros(6, 3, 192, dtype=torch.bfloat16),
           v=torch.zeros(6, 3, 128, dtype=torch.bfloat16)), ValueError, "dividing h_q"),
     (dict(max_seqlen_kv=4.0), TypeError, "max_seqlen_kv: expected an int"),
+    (dict(cu_seqlens_kv=np.array([0, 4, 6], np.int32)), TypeError,
+     "cu_seqlens_kv: expected a torch.Tensor"),
     (dict(dropout_p=0.1), ValueError, "dropout_p"),
     (dict(deterministic=True), ValueError, "deterministic"),
     (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
