@@ -191,6 +191,52 @@ struct KVCacheGatherArgs {
 Status kv_cache_gather(const KVCacheGatherArgs& args, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
+// Dense MHA prefill (docs/semantics.md, dense MHA prefill): MLA in its non-absorbed form, ordinary
+// multi-head attention over variable-length sequences packed along the token dim (FlashMLA's
+// flash_attn_varlen_func). Sequence i holds query tokens [cu_seqlens_q[i], cu_seqlens_q[i+1])
+// and keys [cu_seqlens_kv[i], cu_seqlens_kv[i+1]); with `causal`, its query t (of s_q) sees key
+// u (of s_kv) iff u <= t + s_kv - s_q (bottom-right aligned). A query that sees no key gets
+// out = 0 and lse = -inf. Query head h uses kv head h / (h_q / h_kv).
+// cu_seqlens values are checked on the CPU (0 first, non-decreasing, last = total, lengths <=
+// the max). CUDA: no kernel yet (NotImplemented).
+struct MhaPrefillArgs {
+  TensorView q;              // [total_q, h_q, d_qk] bf16|fp16, last dim contiguous; d_qk 192|128
+  TensorView k;              // [total_kv, h_kv, d_qk] q's dtype, last dim contiguous
+  TensorView v;              // [total_kv, h_kv, d_v] q's dtype, last dim contiguous; d_v 128
+  TensorView cu_seqlens_q;   // [b + 1] int32
+  TensorView cu_seqlens_kv;  // [b + 1] int32
+  int64_t max_seqlen_q = 0;  // >= every query length
+  int64_t max_seqlen_kv = 0; // >= every key length
+  bool causal = false;
+  float softmax_scale = 0.f;
+  TensorView out;            // [total_q, h_q, d_v] q's dtype, last dim contiguous
+  // [total_q, h_q] fp32, natural log, any strides. FlashMLA's layout is contiguous along the
+  // tokens: strides (1, total_q), the memory of a row-major [h_q, total_q].
+  TensorView lse;
+};
+Status mha_prefill(const MhaPrefillArgs& args, Stream stream = nullptr);
+
+// The gradients of mha_prefill's out with respect to q, k and v, given dout and the forward's
+// out and lse. Sums in float32 or better; with GQA, dk and dv sum over the query heads of each kv
+// head. Every element of dq, dk and dv is written (keys no query sees: 0).
+struct MhaPrefillBackwardArgs {
+  TensorView dout;           // [total_q, h_q, d_v] q's dtype, last dim contiguous
+  TensorView q, k, v;        // as in MhaPrefillArgs
+  TensorView out;            // [total_q, h_q, d_v] q's dtype (the forward's), last dim contiguous
+  TensorView lse;            // [total_q, h_q] fp32 (the forward's), any strides
+  TensorView cu_seqlens_q;   // as in MhaPrefillArgs
+  TensorView cu_seqlens_kv;
+  int64_t max_seqlen_q = 0;
+  int64_t max_seqlen_kv = 0;
+  bool causal = false;
+  float softmax_scale = 0.f;
+  TensorView dq;             // [total_q, h_q, d_qk] q's dtype or fp32, last dim contiguous
+  TensorView dk;             // [total_kv, h_kv, d_qk] q's dtype or fp32, last dim contiguous
+  TensorView dv;             // [total_kv, h_kv, d_v] q's dtype or fp32, last dim contiguous
+};
+Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
 // What this build can run: the CUDA backend compiled in, and a device's SM arch (e.g. 90).
 bool cuda_backend_available();
 Status cuda_device_arch(int device_index, int* sm_arch);

@@ -2,7 +2,8 @@
 
 Framework-neutral functions over numpy arrays and torch tensors (CPU or CUDA):
 
-    dense_decode, sparse_decode, sparse_prefill, sparse_prefill_from_cache, merge_attention_states,
+    dense_decode, sparse_decode, sparse_prefill, sparse_prefill_from_cache, mha_prefill,
+    mha_prefill_backward, merge_attention_states,
     kv_cache_write, kv_cache_gather, kv_cache_convert, quantize, dequantize, new_kv_cache,
     plan_decode_schedule, no_split_schedule, decode_num_sm_parts, decode_workspace,
     decode_workspace_size, prefill_workspace_size, kv_format_info, kv_layout, describe_kv_cache
@@ -43,6 +44,7 @@ from ._api import (
     sparse_prefill,
     sparse_prefill_from_cache,
 )
+from ._mha_prefill import mha_prefill, mha_prefill_backward
 from . import flash_mla
 from ._alias import install_flash_mla_alias
 
@@ -54,8 +56,9 @@ except ImportError:
     torch_ops_registered = False
 else:
     from . import _torch_ops
+    from . import _mha_torch_ops
 
-    torch_ops_registered = _torch_ops.registered
+    torch_ops_registered = _torch_ops.registered and _mha_torch_ops.registered
     del _torch
 
 from . import _alias as _alias_module
@@ -68,7 +71,7 @@ __all__ = [
     "KV_FORMATS", "DecodeSchedule", "cuda_backend_available", "decode_num_sm_parts",
     "decode_workspace", "decode_workspace_size", "prefill_workspace_size",
     "install_flash_mla_alias",
-    "dense_decode", "dequantize", "describe_kv_cache", "infer_kv_format", "kv_cache_convert",
+    "dense_decode", "mha_prefill", "mha_prefill_backward", "dequantize", "describe_kv_cache", "infer_kv_format", "kv_cache_convert",
     "kv_cache_gather", "kv_cache_write", "kv_format_info", "kv_layout", "merge_attention_states",
     "new_kv_cache", "no_split_schedule", "plan_decode_schedule", "quantize", "sparse_decode",
     "sparse_prefill", "sparse_prefill_from_cache",

@@ -28,8 +28,13 @@ prefill) and FlashMLASchedMeta; lse comes back as FlashMLA's: [b, h_q, s_q] with
   * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts.
 Dense decode over an FP8 cache (is_fp8_kvcache=True, or a uint8 cache, with a block table and no
 indices) runs on both backends: any quantised format of docs/formats.md (FlashMLA's dense decode
-never read FP8). Not implemented yet (NotImplementedError): indexer_topk > 0 in
-flash_mla_sparse_fwd, and the dense MHA prefill functions (flash_attn_varlen_*).
+never read FP8). The dense MHA prefill functions (flash_attn_varlen_func,
+flash_attn_varlen_qkvpacked_func, flash_attn_varlen_kvpacked_func: FlashMLA's arguments, packing
+along the last dim and returns, lse [total_q, h_q] contiguous along the tokens) run on the CPU
+backend, forward and backward (torch autograd, torch.compile); on CUDA tensors they raise
+NotImplementedError until the GPU kernel lands. Beyond FlashMLA, they take fp16 as well as bf16
+and GQA in the backward too; a query that sees no key gets out 0 and lse -inf. Not implemented
+yet (NotImplementedError): indexer_topk > 0 in flash_mla_sparse_fwd.
 """
 
 from __future__ import annotations
@@ -354,20 +359,12 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale: float, d_v: int = 512, attn_s
                                max_logits=max_logits, lse=lse)
 
 
-def _dense_prefill_not_implemented(name: str):
-    def function(*args: Any, **kwargs: Any):
-        raise NotImplementedError(f"{name}: dense MHA-mode prefill is not implemented in OpenMLA "
-                                  "yet (docs/semantics.md, 'Not yet implemented')")
-    function.__name__ = name
-    function.__doc__ = "Dense MHA-mode prefill (FlashMLA name); not implemented yet."
-    return function
-
-
-flash_attn_varlen_func = _dense_prefill_not_implemented("flash_attn_varlen_func")
-flash_attn_varlen_qkvpacked_func = _dense_prefill_not_implemented(
-    "flash_attn_varlen_qkvpacked_func")
-flash_attn_varlen_kvpacked_func = _dense_prefill_not_implemented(
-    "flash_attn_varlen_kvpacked_func")
+# Dense MHA prefill (FlashMLA's flash_attn_varlen_* family): openmla/_flash_attn_varlen.py.
+from ._flash_attn_varlen import (  # noqa: E402
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 
 # `import flash_mla.flash_mla_interface` through the alias resolves to this module too.
 flash_mla_interface = sys.modules[__name__]

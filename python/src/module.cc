@@ -23,6 +23,10 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace openmla::python {
+
+// Dense MHA prefill's functions (python/src/mha_prefill.cc).
+void register_mha_prefill(nb::module_& m);
+
 namespace {
 
 using OptArray = std::optional<Array>;
@@ -324,6 +328,7 @@ NB_MODULE(_C, m) {
         "softmax_scale"_a = 0.f, "workspace"_a = nb::none(), "stream"_a = 0, "as_kv_cache"_a = false,
         "k_cache_format"_a = nb::none(), "k_cache_layout"_a = "default",
         "fp8_tensor_cores"_a = false);
+  register_mha_prefill(m);
   m.def("merge_attention_states", &merge_attention_states_py, "part_out"_a, "part_lse"_a, "out"_a,
         "lse"_a = nb::none(), "stream"_a = 0);
   m.def("kv_cache_write", &kv_cache_write_py, "kv"_a, "slot_mapping"_a, "cache"_a,

@@ -4,6 +4,7 @@
 // (the operations validate it and must reject whatever would reach outside a block); indices,
 // slots, lengths, block tables and lse values are drawn from ranges that include the invalid
 // ones (negative, past the end, int32 extremes, inf/NaN), which are semantics, not errors.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -239,6 +240,69 @@ void prefill_from_cache_case(Input& in, Bulk& bulk) {
   (void)sparse_prefill(p);
 }
 
+// Dense MHA prefill forward then backward on a small varlen batch: lengths 0-4 (zero-length
+// sequences included), GQA, d_qk 192 or 128, rows padded; now and then one cu_seqlens entry or a
+// max length broken, which the validator must reject before anything is read.
+void mha_prefill_case(Input& in, Bulk& bulk) {
+  const int64_t b = in.below(4), h_kv = 1 + in.below(2), h_q = h_kv * (1 + in.below(3));
+  const int64_t d_qk = in.flag() ? 192 : 128, d_v = 128, pad = in.below(3);
+  std::vector<int32_t> cu_q{0}, cu_kv{0};
+  int64_t max_q = 0, max_kv = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    cu_q.push_back(cu_q.back() + in.below(5));
+    cu_kv.push_back(cu_kv.back() + in.below(5));
+    max_q = std::max<int64_t>(max_q, cu_q.back() - cu_q[i]);
+    max_kv = std::max<int64_t>(max_kv, cu_kv.back() - cu_kv[i]);
+  }
+  const int64_t total_q = cu_q.back(), total_kv = cu_kv.back();
+  switch (in.below(8)) {
+    case 0: cu_q[in.below(static_cast<int>(b + 1))] += in.take<int8_t>(); break;
+    case 1: cu_kv[in.below(static_cast<int>(b + 1))] += in.take<int8_t>(); break;
+    case 2: max_q -= 1; break;
+    case 3: max_kv -= 1; break;
+    default: break;
+  }
+  const DType dtype = in.flag() ? DType::kBF16 : DType::kFP16;
+  auto rows = [&](int64_t tokens, int64_t heads, int64_t dim, std::vector<uint16_t>* v) {
+    v->assign(static_cast<size_t>(tokens * heads * (dim + pad)), 0);
+    v->shrink_to_fit();
+    fill_bf16(*v, bulk);  // finite bits for fp16 too (exponent bit 14 cleared)
+    return TensorView::strided(v->empty() ? nullptr : v->data(), dtype, {tokens, heads, dim},
+                               {heads * (dim + pad), dim + pad, 1});
+  };
+  std::vector<uint16_t> q, k, v, out, dout, dq, dk, dv;
+  std::vector<float> lse(static_cast<size_t>(total_q * h_q));
+  MhaPrefillArgs a;
+  a.q = rows(total_q, h_q, d_qk, &q);
+  a.k = rows(total_kv, h_kv, d_qk, &k);
+  a.v = rows(total_kv, h_kv, d_v, &v);
+  a.cu_seqlens_q = TensorView::contiguous(cu_q.data(), DType::kInt32, {b + 1});
+  a.cu_seqlens_kv = TensorView::contiguous(cu_kv.data(), DType::kInt32, {b + 1});
+  a.max_seqlen_q = max_q;
+  a.max_seqlen_kv = max_kv;
+  a.causal = in.flag();
+  a.out = rows(total_q, h_q, d_v, &out);
+  a.lse = TensorView::strided(lse.empty() ? nullptr : lse.data(), DType::kFP32, {total_q, h_q},
+                              {1, total_q});
+  (void)mha_prefill(a);
+  MhaPrefillBackwardArgs g;
+  g.dout = rows(total_q, h_q, d_v, &dout);
+  g.q = a.q;
+  g.k = a.k;
+  g.v = a.v;
+  g.out = a.out;
+  g.lse = a.lse;
+  g.cu_seqlens_q = a.cu_seqlens_q;
+  g.cu_seqlens_kv = a.cu_seqlens_kv;
+  g.max_seqlen_q = max_q;
+  g.max_seqlen_kv = max_kv;
+  g.causal = a.causal;
+  g.dq = rows(total_q, h_q, d_qk, &dq);
+  g.dk = rows(total_kv, h_kv, d_qk, &dk);
+  g.dv = rows(total_kv, h_kv, d_v, &dv);
+  (void)mha_prefill_backward(g);
+}
+
 }  // namespace
 }  // namespace openmla::fuzz
 
@@ -246,11 +310,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace openmla::fuzz;
   Input in(data, size);
   Bulk bulk(in.take<uint64_t>());
-  switch (in.below(5)) {
+  switch (in.below(6)) {
     case 0: write_and_gather(in, bulk); break;
     case 1: sparse_decode_case(in, bulk); break;
     case 2: dense_decode_case(in, bulk); break;
     case 3: prefill_from_cache_case(in, bulk); break;
+    case 4: mha_prefill_case(in, bulk); break;
     default: merge_and_prefill(in, bulk); break;
   }
   return 0;

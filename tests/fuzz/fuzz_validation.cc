@@ -7,6 +7,7 @@
 
 #include "core/schedule.h"
 #include "core/validate.h"
+#include "core/validate_mha.h"
 #include "fuzz/fuzz_input.h"
 #include "openmla/openmla.h"
 
@@ -100,6 +101,37 @@ void sparse_prefill_args(Input& in) {
   (void)core::validate_sparse_prefill(a, &shape);
 }
 
+void mha_prefill_args(Input& in) {
+  MhaPrefillArgs a;
+  a.q = any_view(in);
+  a.k = any_view(in);
+  a.v = any_view(in);
+  a.cu_seqlens_q = any_view(in);
+  a.cu_seqlens_kv = any_view(in);
+  a.max_seqlen_q = any_size(in);
+  a.max_seqlen_kv = any_size(in);
+  a.softmax_scale = static_cast<float>(in.take<int8_t>()) / 8.f;
+  a.out = any_view(in);
+  a.lse = any_view(in);
+  core::MhaPrefillShape shape;
+  (void)core::validate_mha_prefill(a, &shape);
+  MhaPrefillBackwardArgs g;
+  g.dout = any_view(in);
+  g.q = a.q;
+  g.k = a.k;
+  g.v = a.v;
+  g.out = any_view(in);
+  g.lse = a.lse;
+  g.cu_seqlens_q = a.cu_seqlens_q;
+  g.cu_seqlens_kv = a.cu_seqlens_kv;
+  g.max_seqlen_q = a.max_seqlen_q;
+  g.max_seqlen_kv = a.max_seqlen_kv;
+  g.dq = any_view(in);
+  g.dk = any_view(in);
+  g.dv = any_view(in);
+  (void)core::validate_mha_prefill_backward(g, &shape);
+}
+
 void merge_and_cache_args(Input& in) {
   MergeStatesArgs m;
   m.part_out = any_view(in);
@@ -154,12 +186,13 @@ void host_plan(Input& in) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace openmla::fuzz;
   Input in(data, size);
-  switch (in.below(6)) {
+  switch (in.below(7)) {
     case 0: dense_decode_args(in); break;
     case 1: sparse_decode_args(in); break;
     case 2: sparse_prefill_args(in); break;
     case 3: merge_and_cache_args(in); break;
     case 4: schedule_args(in); break;
+    case 5: mha_prefill_args(in); break;
     default: host_plan(in); break;
   }
   return 0;

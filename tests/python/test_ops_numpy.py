@@ -353,12 +353,6 @@ def test_dense_decode_over_quantised_cache(fmt, s_q, causal):
     assert ref.close_lse(lse, r_lse)
 
 
-def test_flash_mla_not_implemented():
-    q, k, bt, sl = dense_inputs(seed=15)
-    with pytest.raises(NotImplementedError, match="prefill"):
-        flash_mla.flash_attn_varlen_func(q, q, q)
-
-
 def test_read_only_and_broadcast_inputs():
     """Read-only arrays (no DLPack export from numpy: the buffer protocol carries them) and
     zero-stride broadcasts are read as they are."""

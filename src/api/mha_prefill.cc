@@ -1,0 +1,39 @@
+// The public entry points of dense MHA prefill: validate through core, run the CPU backend on CPU
+// tensors. No GPU kernel exists yet in any build: CUDA tensors get NotImplemented, never a silent
+// CPU fallback.
+#include <string>
+
+#include "core/str_cat.h"
+#include "core/validate_mha.h"
+#include "cpu/mha_prefill.h"
+#include "openmla/ops.h"
+
+namespace openmla {
+namespace {
+
+Status no_gpu_kernel(const char* op, Device device) {
+  return Status::NotImplemented(core::str_cat(
+      op, ": the tensors are on ", device_name(device),
+      " but the GPU kernel of dense MHA prefill is not built yet (the SM90 kernel has not "
+      "landed); the CPU backend runs it on CPU tensors"));
+}
+
+}  // namespace
+
+Status mha_prefill(const MhaPrefillArgs& args, [[maybe_unused]] Stream stream) {
+  core::MhaPrefillShape shape;
+  OPENMLA_RETURN_IF_ERROR(core::validate_mha_prefill(args, &shape));
+  if (shape.device.type != DeviceType::kCPU) return no_gpu_kernel("mha_prefill", shape.device);
+  return cpu::mha_prefill(args, shape);
+}
+
+Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, [[maybe_unused]] Stream stream) {
+  core::MhaPrefillShape shape;
+  OPENMLA_RETURN_IF_ERROR(core::validate_mha_prefill_backward(args, &shape));
+  if (shape.device.type != DeviceType::kCPU) {
+    return no_gpu_kernel("mha_prefill_backward", shape.device);
+  }
+  return cpu::mha_prefill_backward(args, shape);
+}
+
+}  // namespace openmla
