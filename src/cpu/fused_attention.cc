@@ -115,7 +115,8 @@ void rope_and_cast(const FusedNormRopeCast& f, std::vector<float>& o, const core
           const float inv = std::ldexp(1.f, -e);
           const int64_t chunk = c * gsize + hg;  // position of (head hg, dims c*32..) in the group
           for (int j = 0; j < kOChunk; ++j) {
-            dst[(chunk * kOChunk + j) * out_fp8.strides[2]] = codec::float_to_e4m3(x[j] * inv);
+            // + 0: a zero is cast as +0 (the rotation can leave -0 in a lonely row).
+            dst[(chunk * kOChunk + j) * out_fp8.strides[2]] = codec::float_to_e4m3(x[j] * inv + 0.f);
           }
           uint8_t* sf = reinterpret_cast<uint8_t*>(
               out_sf.data_as<int32_t>() + s * out_sf.strides[0] + g * out_sf.strides[1] +

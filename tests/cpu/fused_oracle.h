@@ -45,11 +45,12 @@ inline int oracle_scale_exponent(double amax) {
   return e;
 }
 
-// e4m3 (fn) bits of y, round to nearest even, saturating at 448; |y| finite.
+// e4m3 (fn) bits of y, round to nearest even, saturating at 448; |y| finite. A value that
+// rounds to zero keeps its sign.
 inline uint8_t oracle_e4m3(double y) {
+  if (y == 0.0) return 0;  // a zero is +0, whatever its sign
   const uint8_t sign = std::signbit(y) ? 0x80 : 0;
   double a = std::fabs(y);
-  if (a == 0.0) return sign;
   int exponent = static_cast<int>(std::floor(std::log2(a)));
   if (std::ldexp(1.0, exponent) > a) --exponent;
   if (std::ldexp(1.0, exponent + 1) <= a) ++exponent;
