@@ -313,6 +313,21 @@ def test_flash_mla_alias_exposes_the_submodule():
                 sys.modules[k] = v
 
 
+def test_flash_mla_alias_by_environment_serves_the_submodule():
+    """`import flash_mla.fused_norm_rope_attn_rope_cast` first thing in a fresh interpreter, with
+    OPENMLA_FLASH_MLA_ALIAS=1 (import openmla honours it; a pip install's .pth does it too)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import openmla, flash_mla.fused_norm_rope_attn_rope_cast as f\n"
+            "assert f.__name__ == 'openmla.fused_norm_rope_attn_rope_cast', f.__name__\n"
+            "from flash_mla import fused_norm_rope_attn_rope_cast as g\n"
+            "assert g is f and g.prefill and g.decode and g.permute_q_b_proj\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OPENMLA_FLASH_MLA_ALIAS": "1"})
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_errors_name_the_argument():
     c = make_prefill(seed=1, s_q=3, h_q=16)
     c["positions"] = torch.tensor([0, 4096, 1], dtype=torch.int32)  # past the cos/sin cache
