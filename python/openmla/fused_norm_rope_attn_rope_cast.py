@@ -17,7 +17,9 @@ NotImplementedError (the fused Hopper kernel is not built yet). Differences from
     V4's fp8_model1 (584 B) or V4.1's fp8_mx (528 B), the extra cache of the same format or fp4
     (288 B, with fp8_mx only), as FlashMLA's V4/V4.1 kernels;
   * a position outside [0, cos_sin_cache.size(0)) raises ValueError (CPU);
-  * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts.
+  * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts;
+  * under torch.compile the calls are custom ops (torch.ops.openmla.fused_norm_rope_attn_rope_cast_*)
+    with fake implementations.
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ def _outputs(op: str, q, n_wv_group: int, d_v: int):
     return out_fp8, out_sf
 
 
+def _compiling(q) -> bool:
+    """True while torch.compile traces the call: it goes through the custom ops then."""
+    torch = _torch()
+    compiler = getattr(torch, "compiler", None)
+    return (fw.is_torch_tensor(q) and compiler is not None
+            and getattr(compiler, "is_compiling", lambda: False)())
+
+
 def _flags(op: str, values) -> None:
     for name, value in values:
         if not isinstance(value, bool):
@@ -105,6 +115,19 @@ def prefill(
     layout), out_sf int32 [s_q, n_wv_group, wv_group_size * d_v / 128] (packed UE8M0, token dim
     contiguous), max_logits [s_q, h_q] and lse [s_q, h_q] fp32 (a query with no valid key:
     max_logits -inf, lse +inf, out zero)."""
+    args = (enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
+            cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
+            use_packed_ue8m0, q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    if _compiling(q):
+        from . import _fused_torch_ops
+        return tuple(_fused_torch_ops.ops()[0](*args))
+    return _prefill_eager(*args)
+
+
+def _prefill_eager(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
+                   cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf,
+                   round_sf, use_packed_ue8m0, q, kv, indices, sm_scale, d_v, attn_sink,
+                   topk_length):
     op = "fused_norm_rope_attn_rope_cast.prefill"
     torch = _torch()
     for name, x in (("q", q), ("kv", kv), ("indices", indices), ("cos_sin_cache", cos_sin_cache)):
@@ -165,6 +188,21 @@ def decode(
     out of range: ignored); topk_length [s_q]; extra_k_cache of k_cache's format or 288 B fp4
     (with 528 B only), extra_indices_in_kvcache [s_q, extra_topk], extra_topk_length [s_q].
     Returns out_fp8, out_sf (as prefill's) and lse [s_q, h_q] fp32 (without the sink)."""
+    args = (enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
+            cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
+            use_packed_ue8m0, q, k_cache, indices_in_kvcache, sm_scale, d_v, attn_sink,
+            topk_length, extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
+    if _compiling(q):
+        from . import _fused_torch_ops
+        return tuple(_fused_torch_ops.ops()[1](*args))
+    return _decode_eager(*args)
+
+
+def _decode_eager(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
+                  cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf,
+                  round_sf, use_packed_ue8m0, q, k_cache, indices_in_kvcache, sm_scale, d_v,
+                  attn_sink, topk_length, extra_k_cache, extra_indices_in_kvcache,
+                  extra_topk_length):
     op = "fused_norm_rope_attn_rope_cast.decode"
     torch = _torch()
     for name, x in (("q", q), ("k_cache", k_cache), ("indices_in_kvcache", indices_in_kvcache),
@@ -294,3 +332,18 @@ def permute_wv_proj(weight_and_sf, wv_group_size: int, d_o: int):
     scale_bytes = sf.contiguous().view(torch.uint8).view(n, m, cols // 32)  # little-endian
     scale_bytes = scale_bytes[:, :, src].contiguous()
     return w.contiguous(), _mn_major(scale_bytes.view(torch.int32))
+
+
+def _register_custom_ops() -> None:
+    """The custom ops torch.compile traces (registered now: registration cannot be traced).
+    torch is optional, as for the package's other custom ops."""
+    try:
+        import torch
+    except ImportError:
+        return
+    if hasattr(getattr(torch, "library", None), "custom_op"):
+        from . import _fused_torch_ops
+        _fused_torch_ops.ops()
+
+
+_register_custom_ops()

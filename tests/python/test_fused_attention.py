@@ -294,6 +294,28 @@ def test_permute_wv_proj_matches_the_permuted_output():
     torch.testing.assert_close(permuted, natural, rtol=1e-12, atol=1e-12)
 
 
+def test_torch_compile_fullgraph_traces_the_custom_ops():
+    c = make_prefill(seed=31, s_q=3, h_q=16)
+
+    def fn(q, kv, indices, positions, cos_sin, sink, lengths):
+        out_fp8, out_sf, max_logits, lse = fused.prefill(
+            True, EPS, positions, False, ROPE, cos_sin, 2, 32, True, True, True, q, kv, indices,
+            sm_scale=0.05, attn_sink=sink, topk_length=lengths)
+        return out_fp8.view(torch.uint8).float().sum(), out_sf, lse
+
+    args = (c["q"], c["kv"], c["indices"], c["positions"], c["cos_sin"], c["attn_sink"],
+            c["topk_length"])
+    eager = fn(*args)
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(*args)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    from openmla import _fused_torch_ops
+    op = _fused_torch_ops.ops()[0]
+    torch.library.opcheck(op, (True, EPS, c["positions"], False, ROPE, c["cos_sin"], 2, 32, True,
+                               True, True, c["q"], c["kv"], c["indices"], 0.05, 512,
+                               c["attn_sink"], c["topk_length"]))
+
+
 # --- alias and errors ---------------------------------------------------------------------------
 
 def test_flash_mla_alias_exposes_the_submodule():
