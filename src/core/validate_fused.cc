@@ -1,6 +1,7 @@
 #include "core/validate_fused.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "core/str_cat.h"
@@ -16,10 +17,17 @@ Status invalid(const char* op, const Parts&... parts) {
 
 Status check_present(const TensorView& t, const char* op, const char* arg) {
   if (!t.defined()) return invalid(op, arg, ": required tensor is missing");
+  if (t.rank < 0 || t.rank > kMaxTensorRank) {
+    return invalid(op, arg, ": expected 0 to ", kMaxTensorRank, " dimensions, got rank ", t.rank);
+  }
   for (int d = 0; d < t.rank; ++d) {
     if (t.shape[d] < 0) return invalid(op, arg, ": negative size in shape ", t.shape_string());
   }
-  if (t.data == nullptr && t.numel() > 0) return invalid(op, arg, ": data pointer is null");
+  const int64_t elements = t.numel();
+  if (elements == INT64_MAX) {
+    return invalid(op, arg, ": shape ", t.shape_string(), " has more than 2^63 elements");
+  }
+  if (t.data == nullptr && elements > 0) return invalid(op, arg, ": data pointer is null");
   return Status::Ok();
 }
 
@@ -66,6 +74,10 @@ Status check_common(const FusedNormRopeCast& f, const TensorView& q, const Tenso
   s->d_qk = q.shape[2];
   s->d_v = d_v;
   if (s->h_q < 1) return invalid(op, "q: expected h_q (dim 1) >= 1, got ", s->h_q);
+  constexpr int64_t kMaxDim = INT32_MAX;  // sizes of int32 range, as FlashMLA's
+  if (s->s_q > kMaxDim || s->h_q > kMaxDim || s->d_qk > kMaxDim) {
+    return invalid(op, "q: expected every dim < 2^31, got shape ", q.shape_string());
+  }
   if (s->d_qk > 1 && q.strides[2] != 1) {
     return invalid(op, "q: expected a contiguous last dim (stride 1), got stride ", q.strides[2]);
   }
@@ -233,12 +245,22 @@ Status fused_out_sf_layout(int64_t s_q, int64_t n_wv_group, int64_t wv_group_siz
   if (layout == nullptr) return Status::InvalidArgument("fused_out_sf_layout: layout is null");
   if (s_q < 0) return core::invalid(op, "s_q: expected >= 0, got ", s_q);
   if (n_wv_group < 1) return core::invalid(op, "n_wv_group: expected >= 1, got ", n_wv_group);
+  if (s_q > INT32_MAX || n_wv_group > INT32_MAX || wv_group_size > INT32_MAX || d_v > INT32_MAX) {
+    return core::invalid(op, "expected every size < 2^31, got s_q ", s_q, ", n_wv_group ",
+                         n_wv_group, ", wv_group_size ", wv_group_size, ", d_v ", d_v);
+  }
   if (wv_group_size < 1 || d_v < 1 || (wv_group_size * d_v) % 128 != 0) {
     return core::invalid(op, "wv_group_size * d_v: expected a positive multiple of 128, got ",
                          wv_group_size, " * ", d_v);
   }
   const int64_t k = wv_group_size * d_v / 128;
   const int64_t aligned = (s_q + 3) / 4 * 4;
+  int64_t all_groups = 0, storage = 0;
+  if (__builtin_mul_overflow(k, n_wv_group, &all_groups) ||
+      __builtin_mul_overflow(all_groups, aligned, &storage)) {
+    return core::invalid(op, "the scale factors of s_q ", s_q, ", n_wv_group ", n_wv_group,
+                         ", wv_group_size * d_v ", wv_group_size * d_v, " exceed 2^63 elements");
+  }
   layout->shape[0] = s_q;
   layout->shape[1] = n_wv_group;
   layout->shape[2] = k;
@@ -246,7 +268,7 @@ Status fused_out_sf_layout(int64_t s_q, int64_t n_wv_group, int64_t wv_group_siz
   layout->strides[1] = k * aligned;
   layout->strides[2] = aligned;
   layout->aligned_s_q = aligned;
-  layout->storage_ints = n_wv_group * k * aligned;
+  layout->storage_ints = storage;
   return Status::Ok();
 }
 

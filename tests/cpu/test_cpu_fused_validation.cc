@@ -176,6 +176,11 @@ TEST(CpuFusedValidation, EachArgumentNamed) {
     p.args.d_v = 48;
     expect_invalid(p.run(), "d_v");
   }
+  {
+    Prefill p(23);  // a rank past kMaxTensorRank is refused before its shape is read
+    p.args.out_sf.rank = 9;
+    expect_invalid(p.run(), "out_sf: expected 0 to");
+  }
 }
 
 TEST(CpuFusedValidation, DecodeCachesAndExtraArguments) {
@@ -286,6 +291,8 @@ TEST(CpuFusedValidation, OutSfLayout) {
   EXPECT_EQ(l.storage_ints, 8 * 32 * 8);
   EXPECT_FALSE(fused_out_sf_layout(5, 8, 1, 96, &l).ok());
   EXPECT_FALSE(fused_out_sf_layout(-1, 8, 8, 512, &l).ok());
+  EXPECT_FALSE(fused_out_sf_layout(int64_t{1} << 30, int64_t{1} << 30, 8, 512, &l).ok());  // > 2^63
+  EXPECT_FALSE(fused_out_sf_layout(4, 1, int64_t{1} << 40, 128, &l).ok());                // > 2^31
 }
 
 }  // namespace
