@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 
-NAMES = ("flash_mla", "flash_mla.flash_mla_interface")
+NAMES = ("flash_mla", "flash_mla.flash_mla_interface", "flash_mla.fused_norm_rope_attn_rope_cast")
 
 
 def requested() -> bool:

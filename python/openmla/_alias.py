@@ -1,5 +1,7 @@
 """The opt-in alias that serves `import flash_mla` and `import flash_mla.flash_mla_interface`
-with openmla.flash_mla, so an engine written for FlashMLA runs on OpenMLA without code edits.
+with openmla.flash_mla (and `import flash_mla.fused_norm_rope_attn_rope_cast` with
+openmla.fused_norm_rope_attn_rope_cast), so an engine written for FlashMLA runs on OpenMLA
+without code edits.
 
 Each way is opt-in:
   * openmla.install_flash_mla_alias(), before the engine imports flash_mla;
@@ -16,6 +18,8 @@ import os
 import sys
 
 NAMES = ("flash_mla", "flash_mla.flash_mla_interface")
+# FlashMLA's submodules, served by OpenMLA's modules of the same names.
+SUBMODULES = {"flash_mla.fused_norm_rope_attn_rope_cast": "fused_norm_rope_attn_rope_cast"}
 
 
 def requested() -> bool:
@@ -26,7 +30,11 @@ def requested() -> bool:
 def install_flash_mla_alias() -> None:
     """Makes `import flash_mla` and `import flash_mla.flash_mla_interface` give
     openmla.flash_mla (FlashMLA's interface, `__version__` included) from now on."""
+    import importlib
+
     from . import flash_mla
 
     for name in NAMES:
         sys.modules[name] = flash_mla
+    for name, module in SUBMODULES.items():
+        sys.modules[name] = importlib.import_module(f"{__package__}.{module}")

@@ -45,9 +45,10 @@ from typing import Any, Optional, Tuple
 
 from . import _api
 from . import _frameworks as fw
+from . import fused_norm_rope_attn_rope_cast  # FlashMLA's fused V4/V4.1 attention submodule
 from ._C import __version__
 
-__all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache",
+__all__ = ["fused_norm_rope_attn_rope_cast", "FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache",
            "flash_mla_sparse_fwd", "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_varlen_kvpacked_func"]
 

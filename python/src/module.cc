@@ -301,6 +301,9 @@ nb::ndarray<> reinterpret_py(nb::object owner, const std::string& dtype_name_arg
 }
 
 }  // namespace
+// fused_module.cc: the fused norm-rope-attention-rope-cast operations.
+void register_fused(nb::module_& m);
+
 }  // namespace openmla::python
 
 NB_MODULE(_C, m) {
@@ -433,6 +436,7 @@ NB_MODULE(_C, m) {
   m.def("reinterpret", &reinterpret_py, "array"_a, "dtype"_a,
         "A view of `array`'s memory as another dtype of the same item size (it keeps `array` "
         "alive).");
+  register_fused(m);
   m.def("cuda_backend_available", &cuda_backend_available);
   m.def(
       "cuda_device_arch",

@@ -48,6 +48,22 @@ inline void half_to_float(DType dtype, const void* src, int64_t stride, int n, f
 // even.
 void store_floats(DType dtype, const float* src, int n, void* dst, int64_t stride);
 
+// Address of element `offset` (in elements) of `t`.
+inline void* element_ptr(const TensorView& t, int64_t offset) {
+  return static_cast<char*>(t.data) + offset * static_cast<int64_t>(dtype_size_bytes(t.dtype));
+}
+
+// n contiguous elements of a bf16 / fp16 / fp32 tensor from element `offset` on, as floats. The
+// public operations take bf16 queries; the fused operation hands the attention fp32 ones.
+inline void load_floats(const TensorView& t, int64_t offset, int n, float* dst) {
+  if (t.dtype == DType::kFP32) {
+    const float* src = t.data_as<const float>() + offset;
+    for (int i = 0; i < n; ++i) dst[i] = src[i];
+  } else {
+    half_to_float(t.dtype, element_ptr(t, offset), 1, n, dst);
+  }
+}
+
 // Number of rows per work unit for `rows` rows in each of `outer_units` independent problems:
 // enough units to keep every thread busy, a multiple of kRowBlock, at least kMinRowChunk.
 int row_chunk(int64_t rows, int64_t outer_units);

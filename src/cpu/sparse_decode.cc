@@ -67,7 +67,7 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
     RowsAttention att(num_rows, d_qk, d_v, shape.softmax_scale);
     for (int r = 0; r < num_rows; ++r) {
       const int64_t offset = i * q.strides[0] + j * q.strides[1] + (h0 + r) * q.strides[2];
-      bf16_to_float(q.data_as<const uint16_t>() + offset, 1, d_qk, att.q(r));
+      load_floats(q, offset, d_qk, att.q(r));
     }
     std::vector<float> tile(static_cast<size_t>(kKeyTile) * d_qk);
     const int64_t num_keys = static_cast<int64_t>(keys.size());
@@ -89,7 +89,7 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
         for (float& x : o) x *= f;
       }
       const int64_t offset = i * out.strides[0] + j * out.strides[1] + h * out.strides[2];
-      store_floats(DType::kBF16, o.data(), d_v, out.data_as<uint16_t>() + offset, out.strides[3]);
+      store_floats(out.dtype, o.data(), d_v, element_ptr(out, offset), out.strides[3]);
       lse.data_as<float>()[i * lse.strides[0] + h * lse.strides[1] + j * lse.strides[2]] = res.lse;
       if (const TensorView& ml = args.max_logits; ml.defined()) {
         ml.data_as<float>()[i * ml.strides[0] + h * ml.strides[1] + j * ml.strides[2]] =

@@ -43,7 +43,7 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
     RowsAttention att(num_rows, d_qk, d_v, shape.softmax_scale);
     for (int r = 0; r < num_rows; ++r) {
       const int64_t offset = s * q.strides[0] + (h0 + r) * q.strides[1];
-      bf16_to_float(q.data_as<const uint16_t>() + offset, 1, d_qk, att.q(r));
+      load_floats(q, offset, d_qk, att.q(r));
     }
     std::vector<float> tile(static_cast<size_t>(kKeyTile) * d_qk);
     const int64_t num_keys = static_cast<int64_t>(keys.size());
@@ -74,8 +74,8 @@ void store_prefill_row(const SparsePrefillArgs& args, int64_t s, int64_t h, floa
     for (int d = 0; d < d_v; ++d) o[d] *= f;
   }
   const TensorView& out = args.out;
-  store_floats(DType::kBF16, o, d_v,
-               out.data_as<uint16_t>() + s * out.strides[0] + h * out.strides[1], out.strides[2]);
+  store_floats(out.dtype, o, d_v, element_ptr(out, s * out.strides[0] + h * out.strides[1]),
+               out.strides[2]);
   const TensorView& ml = args.max_logits;
   ml.data_as<float>()[s * ml.strides[0] + h * ml.strides[1]] = max_logit;
   args.lse.data_as<float>()[s * args.lse.strides[0] + h * args.lse.strides[1]] = lse;

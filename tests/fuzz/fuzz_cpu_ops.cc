@@ -303,6 +303,92 @@ void mha_prefill_case(Input& in, Bulk& bulk) {
   (void)mha_prefill_backward(g);
 }
 
+// The fused norm-rope-attention-rope-cast operations (prefill from bf16 rows, decode from a cache
+// of any format, which they reject unless V4/V4.1's), out_sf exactly its layout's storage; q,
+// cos/sin and sinks of any bits, positions in or past the cos/sin cache.
+void fused_case(Input& in, Bulk& bulk) {
+  const bool decode = in.flag();
+  const int d_qk = decode ? 512 : (in.flag() ? 512 : 128);
+  const int d_v = decode ? 512 : (d_qk == 512 ? 512 : 64);
+  const int64_t s_q = in.below(4) + (decode ? 1 : 0), groups = 1 + in.below(2);
+  const int64_t h_q = groups * (2 << in.below(2)), topk = in.below(9), num_positions = 1 + in.below(6);
+  std::vector<uint16_t> q(s_q * h_q * d_qk);
+  if (in.flag()) {
+    fill_bf16(q, bulk);
+  } else {
+    for (uint16_t& x : q) x = static_cast<uint16_t>(bulk.next());
+  }
+  std::vector<float> cos_sin(num_positions * 64), sink(h_q), lse(s_q * h_q), max_logits(s_q * h_q);
+  for (float& x : cos_sin) x = in.below(8) == 0 ? std::nanf("") : static_cast<int8_t>(bulk.next()) / 64.f;
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::nanf(""), 0.f};
+  for (float& x : sink) x = in.below(3) == 0 ? specials[in.below(4)] : in.take<int8_t>() / 8.f;
+  std::vector<int32_t> positions = any_ints(in, bulk, s_q, num_positions);
+  std::vector<int32_t> topk_length = any_ints(in, bulk, s_q, topk);
+  FusedOutSfLayout layout;
+  if (!fused_out_sf_layout(s_q, groups, h_q / groups, d_v, &layout).ok()) return;
+  std::vector<uint8_t> out_fp8(s_q * h_q * d_v);
+  std::vector<int32_t> out_sf(layout.storage_ints);
+  out_sf.shrink_to_fit();
+  FusedNormRopeCast f;
+  f.enable_q_norm = in.flag();
+  f.rms_norm_eps = 1e-6f;
+  f.token_positions = TensorView::contiguous(positions.data(), DType::kInt32, {s_q});
+  f.cos_sin_cache = TensorView::contiguous(cos_sin.data(), DType::kFP32, {num_positions, 64});
+  f.n_wv_group = static_cast<int>(groups);
+  const TensorView q_view = TensorView::contiguous(q.data(), DType::kBF16, {s_q, h_q, d_qk});
+  const TensorView fp8_view =
+      TensorView::contiguous(out_fp8.data(), DType::kUInt8, {s_q, groups, h_q / groups * d_v});
+  const TensorView sf_view = TensorView::strided(
+      out_sf.data(), DType::kInt32, {layout.shape[0], layout.shape[1], layout.shape[2]},
+      {layout.strides[0], layout.strides[1], layout.strides[2]});
+  const TensorView lse_view = TensorView::contiguous(lse.data(), DType::kFP32, {s_q, h_q});
+  const TensorView sink_view = TensorView::contiguous(sink.data(), DType::kFP32, {h_q});
+  const TensorView length_view = TensorView::contiguous(topk_length.data(), DType::kInt32, {s_q});
+  if (decode) {
+    Cache c, extra;
+    c.make(in, bulk, d_qk);
+    std::vector<int32_t> indices = any_ints(in, bulk, s_q * topk, c.cache.num_tokens());
+    FusedDecodeArgs a;
+    a.fused = f;
+    a.q = q_view;
+    a.k_cache = c.cache;
+    a.indices = TensorView::contiguous(indices.data(), DType::kInt32, {s_q, topk});
+    if (in.flag()) a.topk_length = length_view;
+    std::vector<int32_t> extra_indices;
+    if (in.flag()) {
+      extra.make(in, bulk, d_qk);
+      extra_indices = any_ints(in, bulk, s_q * 3, extra.cache.num_tokens());
+      a.extra_k_cache = extra.cache;
+      a.extra_indices = TensorView::contiguous(extra_indices.data(), DType::kInt32, {s_q, 3});
+    }
+    if (in.flag()) a.attn_sink = sink_view;
+    a.d_v = d_v;
+    a.out_fp8 = fp8_view;
+    a.out_sf = sf_view;
+    a.lse = lse_view;
+    (void)fused_norm_rope_attn_rope_cast_decode(a);
+  } else {
+    const int64_t s_kv = in.below(7);
+    std::vector<uint16_t> kv(s_kv * d_qk);
+    fill_bf16(kv, bulk);
+    std::vector<int32_t> indices = any_ints(in, bulk, s_q * topk, s_kv);
+    FusedPrefillArgs a;
+    a.fused = f;
+    a.q = q_view;
+    a.kv = TensorView::contiguous(kv.data(), DType::kBF16, {s_kv, 1, d_qk});
+    a.indices = TensorView::contiguous(indices.data(), DType::kInt32, {s_q, 1, topk});
+    if (in.flag()) a.topk_length = length_view;
+    if (in.flag()) a.attn_sink = sink_view;
+    a.d_v = d_v;
+    a.out_fp8 = fp8_view;
+    a.out_sf = sf_view;
+    a.max_logits = TensorView::contiguous(max_logits.data(), DType::kFP32, {s_q, h_q});
+    a.lse = lse_view;
+    (void)fused_norm_rope_attn_rope_cast_prefill(a);
+  }
+}
+
 }  // namespace
 }  // namespace openmla::fuzz
 
@@ -310,12 +396,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace openmla::fuzz;
   Input in(data, size);
   Bulk bulk(in.take<uint64_t>());
-  switch (in.below(6)) {
+  switch (in.below(7)) {
     case 0: write_and_gather(in, bulk); break;
     case 1: sparse_decode_case(in, bulk); break;
     case 2: dense_decode_case(in, bulk); break;
     case 3: prefill_from_cache_case(in, bulk); break;
     case 4: mha_prefill_case(in, bulk); break;
+    case 5: fused_case(in, bulk); break;
     default: merge_and_prefill(in, bulk); break;
   }
   return 0;

@@ -1,4 +1,4 @@
-// libFuzzer target: every validator and the host schedule planner on arbitrary argument structs
+// libFuzzer target: every validator (the fused operations' too) and the host schedule planner on arbitrary argument structs
 // (ranks, sizes, strides, dtypes, KV layouts, scalars). Views live on a CUDA device, so the
 // validators read no host memory through them; what is checked is that no input makes a
 // validator or the planner misbehave (out-of-bounds, overflow; ASan + UBSan), whatever it returns.
@@ -7,6 +7,7 @@
 
 #include "core/schedule.h"
 #include "core/validate.h"
+#include "core/validate_fused.h"
 #include "core/validate_mha.h"
 #include "fuzz/fuzz_input.h"
 #include "openmla/openmla.h"
@@ -163,6 +164,54 @@ void schedule_args(Input& in) {
   (void)core::validate_decode_schedule(a, &shape);
 }
 
+void fused_args(Input& in) {
+  FusedNormRopeCast f;
+  f.enable_q_norm = in.flag();
+  f.rms_norm_eps = static_cast<float>(in.take<int16_t>()) / 64.f;
+  f.token_positions = any_view(in);
+  f.is_rope_neox_style = in.below(8) == 0;
+  f.rope_dim = in.flag() ? 64 : in.take<int>();
+  f.cos_sin_cache = any_view(in);
+  f.n_wv_group = in.flag() ? 1 + in.below(16) : in.take<int>();
+  f.num_per_channels = in.below(8) == 0 ? in.take<int>() : 32;
+  core::FusedShape shape;
+  if (in.flag()) {
+    FusedPrefillArgs a;
+    a.fused = f;
+    a.q = any_view(in);
+    a.kv = any_view(in);
+    a.indices = any_view(in);
+    a.topk_length = any_view(in);
+    a.attn_sink = any_view(in);
+    a.d_v = in.flag() ? 32 * in.below(20) : in.take<int>();
+    a.out_fp8 = any_view(in);
+    a.out_sf = any_view(in);
+    a.max_logits = any_view(in);
+    a.lse = any_view(in);
+    (void)core::validate_fused_prefill(a, &shape);
+  } else {
+    FusedDecodeArgs a;
+    a.fused = f;
+    a.q = any_view(in);
+    a.k_cache = any_cache(in);
+    a.indices = any_view(in);
+    a.topk_length = any_view(in);
+    a.extra_k_cache = any_cache(in);
+    a.extra_indices = any_view(in);
+    a.extra_topk_length = any_view(in);
+    a.attn_sink = any_view(in);
+    a.d_v = in.flag() ? 32 * in.below(20) : in.take<int>();
+    a.out_fp8 = any_view(in);
+    a.out_sf = any_view(in);
+    a.lse = any_view(in);
+    (void)core::validate_fused_decode(a, &shape);
+  }
+  const int64_t s_q = any_size(in), groups = any_size(in), group_size = any_size(in);
+  const int64_t d_v = any_size(in);
+  FusedOutSfLayout layout;
+  (void)fused_out_sf_layout(s_q, groups, group_size, d_v, &layout);
+}
+
 // The host planner on lengths anywhere in [0, 2^31), small and huge batches of workers.
 void host_plan(Input& in) {
   const int batch = in.below(64);
@@ -186,13 +235,14 @@ void host_plan(Input& in) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace openmla::fuzz;
   Input in(data, size);
-  switch (in.below(7)) {
+  switch (in.below(8)) {
     case 0: dense_decode_args(in); break;
     case 1: sparse_decode_args(in); break;
     case 2: sparse_prefill_args(in); break;
     case 3: merge_and_cache_args(in); break;
     case 4: schedule_args(in); break;
     case 5: mha_prefill_args(in); break;
+    case 6: fused_args(in); break;
     default: host_plan(in); break;
   }
   return 0;
