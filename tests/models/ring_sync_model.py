@@ -2,16 +2,10 @@
 """A model of the ring fill's synchronisation (src/cuda/sm90/sparse_decode/kernel.cuh consume's
 ring branches, fill_ring.cuh produce_by_ring), run on the CPU under many random interleavings to
 find deadlocks and buffer races before a GPU does: the one-stage ring (two rounds of one 64-key
-stage), its three round slots (traits.h kSlots), and the slots in a CTA pair (--pair; traits.h
-kPairSlots, the removed produce_by_ring_pair: CTA rank r decodes the rounds n with n % 2 = r
-into its slot and bulk-copies it into the peer's, completing bytes on the peer's full barrier;
-each CTA's producer arrives on its full barrier for the peer's rounds with expect_tx; the compute
-warps walk 32-key tiles, a round each, and release both CTAs' slots; P and the row factors cross
-from WG0 to WG1 a round at a time, WG0 writing round n + 1's only after WG1 took round n's). Each
-warpgroup is one agent (its four warps act alike); mbarriers count warp arrivals (and, for the
-pair, transaction bytes); wgmma groups complete when their warpgroup waits for them, so a
-group's reads happen at its wait (the latest the hardware may read); a bulk copy is an agent of
-its own that reads its source and lands in the peer whenever it is scheduled.
+stage) and its three round slots (traits.h kSlots). Each
+warpgroup is one agent (its four warps act alike); mbarriers count warp arrivals; wgmma groups
+complete when their warpgroup waits for them, so a group's reads happen at its wait (the latest
+the hardware may read).
 
 Checked for tile counts 0..7, both d_qk (d 576: P in the slots' RoPE pieces), many schedules:
   * no deadlock (some agent can always move until all are done);
@@ -19,7 +13,7 @@ Checked for tile counts 0..7, both d_qk (d 576: P in the slots' RoPE pieces), ma
   * every read of a buffer (a round's keys and RoPE, its key mask, P, the row factors) sees the
     version its reader expects: no write lands between the write a read depends on and it.
 
-  python3 tests/models/ring_sync_model.py [--schedules 2000] [--self-test] [--pair]
+  python3 tests/models/ring_sync_model.py [--schedules 2000] [--self-test]
 
 Keep it in step with kernel.cuh and fill_ring.cuh. Exit status 1 on any finding.
 """
@@ -117,48 +111,6 @@ def producer(w: World):
             w.arrive_full(i)
 
 
-# The slots in a CTA pair (the removed produce_by_ring_pair): this CTA's producer walks every
-# round; its own rounds (n % 2 = rank) it decodes into its slot and bulk-copies into the peer's
-# (the copy reads its source and lands later, completing 4 units on the peer's full barrier), and
-# at d 576 arrives on its own full barrier only once the copy has read its source (bulk
-# wait_group.read: this CTA's WG0 writes P over the slot's RoPE piece once its QK^T is done; at
-# d 512 it arrives at once); for the peer's rounds it arrives on its own full barrier expecting
-# those 4 units (a unit each warp).
-# Both wait the slot's empty barrier first: 16 arrivals, both CTAs' compute warps.
-def producer_pair(w: World, rank: int):
-    rounds = 2 * w.n_tiles
-    for n in range(rounds):
-        i, use = w.where(n)
-        yield lambda i=i, use=use: w.ready(w.empty, i, (use & 1) ^ 1)
-        if n % 2 == rank:
-            names = [f"keys{i}", f"valid{i}"] + ([f"rope{i}"] if w.d576 else [])
-            for name in names:
-                w.write(name, ("round", n))
-            for _ in range(4):  # each warp copies its own rows (a unit) and arrives
-                copy = {"slot": i, "names": names, "read": None}
-                w.copies.append(copy)
-                if w.d576 and w.mut != "arrive_before_copy_read":
-                    yield lambda c=copy: c["read"] is not None  # cp.async.bulk.wait_group.read 0
-                w.arrive_full(i)
-        else:
-            for _ in range(4):
-                w.arrive_full(i, 0 if w.mut == "no_expect_tx" else 1)
-
-
-def copy_engine(w: World):
-    """The bulk copies this CTA's producer issues, in issue order: each reads its source at some
-    point after its issue, and lands in the peer at some later point."""
-    for _ in range(4 * w.n_tiles):  # this CTA's rounds (one of each tile's two), a copy a warp
-        yield lambda: bool(w.copies)
-        copy = w.copies[0]
-        copy["read"] = {name: w.buf.get(name) for name in copy["names"]}
-        yield lambda: True  # (anything may run between the read and the landing)
-        w.copies.pop(0)
-        for name, value in copy["read"].items():
-            w.peer.write(name, value)
-        w.peer.complete_tx(copy["slot"], 1)
-
-
 def consumer(w: World, wg: int):
     who = f"WG{wg}"
     n_tiles = w.n_tiles
@@ -230,94 +182,6 @@ def consumer(w: World, wg: int):
     wait_groups(0)
 
 
-def consumer_rounds(w: World, wg: int):
-    """The pair's compute warpgroups (kernel.cuh consume, kPairSlots): 32-key tiles, round n in
-    slot n % 3; P of a round in the slot's RoPE piece (d 576) or the one P buffer (d 512), the
-    factors in one buffer; named barrier P0 (WG0 -> WG1: round n's P is written) and P1 (WG1 ->
-    WG0: round n's P and factors are taken; not after the last round). Each warpgroup hands a
-    round back once its own P V over it is done. The producers' copies go a warp at a time."""
-    who = f"WG{wg}"
-    rounds = 2 * w.n_tiles
-    groups: list[list] = []
-
-    def wait_groups(keep):
-        while len(groups) > keep:
-            for name, expect in groups.pop(0):
-                w.read(name, expect, who)
-
-    def release(n):
-        for _ in range(4):
-            w.arrive(w.empty, w.empty_need, w.where(n)[0])
-            if w.mut != "release_local_only":
-                w.peer.arrive(w.peer.empty, w.peer.empty_need, w.where(n)[0])
-
-    def bar_arrive(b):  # a named barrier's phase is one arrive and one sync: never two arrives
-        if w.p_gen[b] > w.p_synced[b]:
-            raise Finding(f"{who} arrives on named barrier P{b} again before its last sync")
-        w.p_gen[b] += 1
-
-    def p_name(n):
-        return f"rope{w.where(n)[0]}" if w.d576 else "P"
-
-    for n in range(rounds):
-        i, use = w.where(n)
-        keys = [(f"keys{i}", ("round", n))]
-        if wg == 0:
-            yield lambda i=i, use=use: w.ready(w.full, i, use & 1)
-            groups.append(keys + ([(f"rope{i}", ("round", n))] if w.d576 else []))  # QK^T
-            wait_groups(0)
-            w.read(f"valid{i}", ("round", n), who)
-            if n > 0 and w.mut != "p_without_handshake":
-                yield lambda n=n: w.p_gen[1] >= n  # bar.sync P1: WG1 took round n - 1's
-                w.p_synced[1] += 1
-            w.write(p_name(n), ("P", n))
-            w.write("factors", ("round", n))
-            bar_arrive(0)
-            groups.append(keys)  # P V over the round (from registers)
-            if w.mut == "wg0_releases_before_its_pv":
-                release(n)
-                yield lambda: True  # (the producers may run here)
-                wait_groups(0)
-            else:
-                wait_groups(0)  # the round's P V done: the round goes back
-                release(n)
-        else:
-            yield lambda n=n: w.p_gen[0] >= n + 1  # bar.sync P0
-            w.p_synced[0] += 1
-            yield lambda i=i, use=use: w.ready(w.full, i, use & 1)
-            w.read(p_name(n), ("P", n), who)
-            w.read("factors", ("round", n), who)
-            if n + 1 < rounds:
-                bar_arrive(1)
-            groups.append(keys)
-            wait_groups(0)
-            release(n)
-    wait_groups(0)
-
-
-def run_pair(n_tiles, d576, rng, mutation=""):
-    """The slots in a CTA pair: two CTAs of three warpgroups and a copy engine each."""
-    cta = [World(n_tiles, True, d576, mutation) for _ in range(2)]
-    for r in range(2):
-        cta[r].peer = cta[1 - r]
-        cta[r].empty_need = 8 if mutation == "release_local_only" else 16
-    agents = {}
-    for r in range(2):
-        w = cta[r]
-        agents[f"producer{r}"] = producer_pair(w, r)
-        agents[f"copy{r}"] = copy_engine(w)
-        agents[f"WG0.{r}"] = consumer_rounds(w, 0)
-        agents[f"WG1.{r}"] = consumer_rounds(w, 1)
-    run_agents(agents, rng)
-    for r in range(2):
-        for i in range(3):
-            # every round handed back by both warpgroups of both CTAs
-            if cta[r].empty[i][0] != 0:
-                raise Finding(f"CTA {r} empty barrier {i} ends with {cta[r].empty[i][0]} arrivals")
-            if cta[r].full[i][0] != 0 or cta[r].full[i][2] != 0:
-                raise Finding(f"CTA {r} full barrier {i} ends with {cta[r].full[i]}")
-
-
 def run_one(n_tiles, slots, d576, rng, mutation=""):
     w = World(n_tiles, slots, d576, mutation)
     agents = {"producer": producer(w), "WG0": consumer(w, 0), "WG1": consumer(w, 1)}
@@ -331,13 +195,6 @@ def run_one(n_tiles, slots, d576, rng, mutation=""):
 
 
 MUTATIONS = ("p_in_wrong_slot", "wg0_releases_before_its_pv", "wg1_releases_before_loading_p")
-# The pair's deliberate bugs: consumers releasing only their own CTA's slots (a copy may land in
-# a slot the peer still reads), the producer arriving for the peer's round without expecting its
-# bytes, the producer handing its own round to its consumers before the copy has read it (at d
-# 576 P overwrites the RoPE piece the copy still has to read).
-# P written before WG1 took the previous round's (no P1 handshake).
-PAIR_MUTATIONS = ("release_local_only", "no_expect_tx", "arrive_before_copy_read",
-                  "p_without_handshake", "wg0_releases_before_its_pv")
 
 
 def main(argv) -> int:
@@ -345,17 +202,7 @@ def main(argv) -> int:
     ap.add_argument("--schedules", type=int, default=2000)
     ap.add_argument("--self-test", action="store_true",
                     help="check that each deliberate bug of the round slots is found")
-    ap.add_argument("--pair", action="store_true",
-                    help="the slots in a CTA pair")
     args = ap.parse_args(argv)
-    if args.pair:
-        if args.self_test:
-            return self_test(PAIR_MUTATIONS, 7, args.schedules,
-                             lambda n_tiles, rng, mutation: run_pair(n_tiles, True, rng, mutation))
-        return check_configurations(
-            [(f"pair {'d576' if d576 else 'd512'} tiles {n_tiles}", 1000 * n_tiles + 7 + d576,
-              lambda rng, n_tiles=n_tiles, d576=d576: run_pair(n_tiles, d576, rng))
-             for d576 in (False, True) for n_tiles in range(0, 8)], args.schedules)
     if args.self_test:
         return self_test(MUTATIONS, 7, args.schedules,
                          lambda n_tiles, rng, mutation: run_one(n_tiles, True, True, rng, mutation))
