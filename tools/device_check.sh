@@ -259,7 +259,8 @@ else
     record python FAIL 0 "extension not built (nanobind missing?)"
   else
     # The package as pip would lay it out: the Python modules plus the extension built above.
-    PKG="$BUILD_DIR/pypkg"
+    # (absolute: tests start subprocesses in other directories with this PYTHONPATH)
+    PKG="$(cd "$BUILD_DIR" && pwd)/pypkg"
     "$ROOT/tools/layout_pypkg.sh" "$BUILD_DIR"
     export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     # transformers for the integration tests, packed by tools/pack_device_pydeps.sh (the image
