@@ -410,8 +410,8 @@ def test_sparse_prefill_from_cache(fmt, dequantize_once):
 @pytest.mark.parametrize("fmt", ["fp8_v32", "fp8_model1"])
 def test_sparse_prefill_from_cache_fp8_tensor_cores(fmt):
     """fp8_tensor_cores=True on the GPU against the CPU backend's definition of that arithmetic:
-    the logits within the FP8 MMA's precision (max_logits and lse within 5e-3: skipping the e4m3
-    rounding of q and k would move them by 2-7e-2), out within 4e-2 (P's e4m3 roundings follow
+    the logits within the FP8 MMA's precision (lse within 5e-3, max_logits within 1e-2: skipping
+    the e4m3 rounding of q and k would move them by 2-7e-2), out within 4e-2 (P's e4m3 roundings follow
     the logits); and against the float reference within the path's own error."""
     cache, flat, used = fill_cache(fmt, 32, 64, seed=50)
     d_qk = flat.shape[1]
@@ -432,7 +432,11 @@ def test_sparse_prefill_from_cache_fp8_tensor_cores(fmt):
                                             attn_sink=sink.cpu(), fp8_tensor_cores=True)
     assert rel_err(out, cpu[0]) < 4e-2
     assert_lse_close(lse, cpu[2], atol=5e-3)
-    assert_lse_close(max_logits, cpu[1], atol=5e-3)
+    # The row max is one logit, not a sum over keys: it carries the FP8 wgmma's accumulation error
+    # (Hopper keeps ~14 mantissa bits in FP8 accumulation, DeepSeek-V3's report) undiluted; an
+    # H100 showed 5.0e-3 on fp8_model1 (2026-12-07). Still 2-7x below what skipping the e4m3
+    # rounding of q and k moves it.
+    assert_lse_close(max_logits, cpu[1], atol=1e-2)
     ref_out, _ = ref_sparse(q.unsqueeze(1), flat, indices, None, sink=sink)
     assert 2e-3 < rel_err(out, ref_out[:, 0]) < 0.1  # the FP8 arithmetic, near the reference
     assert torch.isposinf(lse[3]).all() and (out[3] == 0).all()
