@@ -42,41 +42,21 @@ float mha_dot(const float* a, const float* b, int n) {
   return s;
 }
 
-namespace {
-
-struct Unit {
-  int64_t seq, h, t0;
-};
-
-// Units of (sequence, head, chunk of `chunk` rows of the sequence's `rows(seq)`).
-template <typename Rows>
-std::vector<Unit> make_units(const std::vector<MhaSequence>& seqs, int64_t heads, Rows rows) {
-  std::vector<Unit> units;
-  for (int64_t i = 0; i < static_cast<int64_t>(seqs.size()); ++i) {
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t t0 = 0; t0 < rows(seqs[i]); t0 += kMhaRowChunk) units.push_back({i, h, t0});
-    }
-  }
-  return units;
-}
-
-}  // namespace
-
 Status mha_prefill(const MhaPrefillArgs& args, const core::MhaPrefillShape& shape) {
   const std::vector<MhaSequence> seqs = mha_sequences(args.cu_seqlens_q, args.cu_seqlens_kv,
                                                       shape.batch);
   const int d_qk = static_cast<int>(shape.d_qk), d_v = static_cast<int>(shape.d_v);
   const int64_t group = shape.h_q / shape.h_kv;
   const float scale = shape.softmax_scale;
-  const std::vector<Unit> units =
-      make_units(seqs, shape.h_q, [](const MhaSequence& s) { return s.s_q; });
+  const std::vector<MhaUnit> units =
+      mha_units(seqs, shape.h_q, [](const MhaSequence& s) { return s.s_q; });
   const int64_t num_units = static_cast<int64_t>(units.size());
   const size_t out_elem = dtype_size_bytes(args.out.dtype);
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < num_units; ++u) {
     const MhaSequence& seq = seqs[units[u].seq];
-    const int64_t h = units[u].h, g = h / group, t0 = units[u].t0;
+    const int64_t h = units[u].head, g = h / group, t0 = units[u].r0;
     const int64_t rows = std::min(kMhaRowChunk, seq.s_q - t0);
     // Only the keys some row of the chunk sees.
     const int64_t keys = mha_visible_keys(seq, t0 + rows - 1, args.causal);

@@ -47,4 +47,20 @@ inline float& mha_lse_at(const TensorView& lse, int64_t token, int64_t h) {
 // every unit converts its sequence's keys (or queries) once, so a unit holds many rows.
 constexpr int64_t kMhaRowChunk = 64;
 
+// A unit of the CPU passes' parallel loops: a sequence, a head and a chunk of kMhaRowChunk rows
+// from r0 (query tokens or keys, as `rows` gives a sequence's count).
+struct MhaUnit {
+  int64_t seq, head, r0;
+};
+template <typename Rows>
+std::vector<MhaUnit> mha_units(const std::vector<MhaSequence>& seqs, int64_t heads, Rows rows) {
+  std::vector<MhaUnit> units;
+  for (int64_t i = 0; i < static_cast<int64_t>(seqs.size()); ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t r0 = 0; r0 < rows(seqs[i]); r0 += kMhaRowChunk) units.push_back({i, h, r0});
+    }
+  }
+  return units;
+}
+
 }  // namespace openmla::cpu

@@ -14,21 +14,6 @@
 namespace openmla::cpu {
 namespace {
 
-struct Unit {
-  int64_t seq, head, r0;
-};
-
-template <typename Rows>
-std::vector<Unit> make_units(const std::vector<MhaSequence>& seqs, int64_t heads, Rows rows) {
-  std::vector<Unit> units;
-  for (int64_t i = 0; i < static_cast<int64_t>(seqs.size()); ++i) {
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t r0 = 0; r0 < rows(seqs[i]); r0 += kMhaRowChunk) units.push_back({i, h, r0});
-    }
-  }
-  return units;
-}
-
 void store_row(const TensorView& t, int64_t token, int64_t h, const std::vector<double>& acc,
                double factor, std::vector<float>* tmp) {
   const int n = static_cast<int>(acc.size());
@@ -52,8 +37,8 @@ Status mha_prefill_backward(const MhaPrefillBackwardArgs& args,
   std::vector<double> delta(static_cast<size_t>(shape.total_q * h_q));
 
   // --- pass 1: D and dq, by (sequence, query head, chunk of query tokens) ----------------------
-  const std::vector<Unit> q_units =
-      make_units(seqs, h_q, [](const MhaSequence& s) { return s.s_q; });
+  const std::vector<MhaUnit> q_units =
+      mha_units(seqs, h_q, [](const MhaSequence& s) { return s.s_q; });
   const int64_t num_q_units = static_cast<int64_t>(q_units.size());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < num_q_units; ++u) {
@@ -88,8 +73,8 @@ Status mha_prefill_backward(const MhaPrefillBackwardArgs& args,
   }
 
   // --- pass 2: dk and dv, by (sequence, kv head, chunk of keys) -------------------------------
-  const std::vector<Unit> kv_units =
-      make_units(seqs, shape.h_kv, [](const MhaSequence& s) { return s.s_kv; });
+  const std::vector<MhaUnit> kv_units =
+      mha_units(seqs, shape.h_kv, [](const MhaSequence& s) { return s.s_kv; });
   const int64_t num_kv_units = static_cast<int64_t>(kv_units.size());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < num_kv_units; ++u) {
