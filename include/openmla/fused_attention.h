@@ -13,8 +13,12 @@
 // out_fp8 goes out in the layout permute_wv_proj's weight expects (32-dim chunks interleaved
 // across the heads of a group); docs/semantics.md gives both index maps.
 //
-// Backends: the CPU backend implements the definition; CUDA tensors return NotImplemented until
-// the Hopper kernel exists.
+// Backends: the CPU backend implements the definition; on CUDA tensors (SM90) the sparse
+// attention kernel runs the steps itself: Q's norm and RoPE in shared memory after Q's load,
+// the output's RoPE, cast and scales in its epilogue (or in the combine of a split key list).
+// d_qk = d_v = 512 on CUDA (FlashMLA's kernel's only size). token_positions are not read on the
+// host for CUDA tensors: a position outside [0, num_positions) is never used to read the
+// cos/sin cache, and makes that token's out_fp8 NaN (0x7F) instead.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +63,7 @@ struct FusedPrefillArgs {
                            // strides of fused_out_sf_layout (token dim contiguous)
   TensorView max_logits;   // out [s_q, h_q] fp32 (-inf: lonely query)
   TensorView lse;          // out [s_q, h_q] fp32 (+inf: lonely query; without the sink)
+  Workspace workspace;     // CUDA: fused_norm_rope_attn_rope_cast_workspace_size bytes
 };
 
 // Decode: paged caches of the V4 (fp8_model1, 584 B) or V4.1 (fp8_mx, 528 B) format, and an
@@ -79,6 +84,10 @@ struct FusedDecodeArgs {
   TensorView out_fp8;            // as FusedPrefillArgs
   TensorView out_sf;             // as FusedPrefillArgs
   TensorView lse;                // out [s_q, h_q] fp32 (+inf: lonely query; without the sink)
+  Workspace workspace;           // CUDA: fused_norm_rope_attn_rope_cast_workspace_size bytes
+  // CUDA: each token's key list walked by one CTA in its order, so a token's result does not
+  // depend on the other tokens of the call (as SparseDecodeArgs::batch_invariant).
+  bool batch_invariant = false;
 };
 
 // The scale factors' layout (FlashMLA's / DeepGEMM's TMA-aligned column-major packed UE8M0):
@@ -95,6 +104,10 @@ struct FusedOutSfLayout {
 // InvalidArgument unless s_q >= 0, n_wv_group >= 1 and wv_group_size * d_v % 128 == 0.
 Status fused_out_sf_layout(int64_t s_q, int64_t n_wv_group, int64_t wv_group_size, int64_t d_v,
                            FusedOutSfLayout* layout);
+
+// Bytes of workspace either fused operation needs for s_q query tokens of h_q heads on `device`
+// (0 on the CPU): the fp32 partials of split key lists.
+size_t fused_norm_rope_attn_rope_cast_workspace_size(Device device, int64_t s_q, int64_t h_q);
 
 Status fused_norm_rope_attn_rope_cast_prefill(const FusedPrefillArgs& args,
                                               Stream stream = nullptr);

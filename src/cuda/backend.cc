@@ -16,6 +16,7 @@
 #include "cuda/sm90/attention/supported.h"
 #include "cuda/sm90/dense_decode/launch.h"
 #include "cuda/sm90/dense_decode_kv_cache/launch.h"
+#include "cuda/sm90/fused_attention/launch.h"
 #include "cuda/sm90/sparse_decode/launch.h"
 #include "cuda/sm90/sparse_prefill/launch.h"
 
@@ -123,6 +124,22 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
                       Stream stream) {
   return on_sm90("sparse_prefill", shape.device, [&] {
     return sm90::sparse_prefill(args, shape, static_cast<cudaStream_t>(stream));
+  });
+}
+
+size_t fused_workspace_size(int device_index, int64_t s_q, int64_t h_q) {
+  return sm90::fused_workspace_size(device_index, s_q, h_q);
+}
+
+Status fused_prefill(const FusedPrefillArgs& args, const core::FusedShape& shape, Stream stream) {
+  return on_sm90("fused_norm_rope_attn_rope_cast_prefill", shape.device, [&] {
+    return sm90::fused_prefill(args, shape, static_cast<cudaStream_t>(stream));
+  });
+}
+
+Status fused_decode(const FusedDecodeArgs& args, const core::FusedShape& shape, Stream stream) {
+  return on_sm90("fused_norm_rope_attn_rope_cast_decode", shape.device, [&] {
+    return sm90::fused_decode(args, shape, static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -5,6 +5,7 @@
 
 #include "core/validate.h"
 #include "core/validate_convert.h"
+#include "core/validate_fused.h"
 #include "openmla/kv_convert.h"
 #include "openmla/ops.h"
 
@@ -29,6 +30,10 @@ Status sparse_prefill_dequant_once(const SparsePrefillArgs& args,
 // Sparse prefill from a quantised cache on FP8 tensor cores (args.fp8_tensor_cores).
 Status sparse_prefill_fp8(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
                           Stream stream);
+// The fused V4 attention (include/openmla/fused_attention.h).
+size_t fused_workspace_size(int device_index, int64_t s_q, int64_t h_q);
+Status fused_prefill(const FusedPrefillArgs& args, const core::FusedShape& shape, Stream stream);
+Status fused_decode(const FusedDecodeArgs& args, const core::FusedShape& shape, Stream stream);
 Status merge_attention_states(const MergeStatesArgs& args, const core::MergeStatesShape& shape,
                               Stream stream);
 Status kv_cache_write(const KVCacheWriteArgs& args, const core::KVCacheWriteShape& shape,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/sm90/sparse_decode/fused_out.cuh"
 #include "cuda/sm90/sparse_decode/launch.h"
 #include "cuda/sm90/sparse_decode/params.h"
 
@@ -85,11 +86,15 @@ __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
       o.x *= f, o.y *= f, o.z *= f, o.w *= f;
     }
   }
-  __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
-  char* out = static_cast<char*>(p.out) +
-              (i * p.out_stride_b + j * p.out_stride_s + h * p.out_stride_h + 4 * threadIdx.x) * 2;
-  reinterpret_cast<__nv_bfloat162*>(out)[0] = lo;
-  reinterpret_cast<__nv_bfloat162*>(out)[1] = hi;
+  if (p.fused.on) {  // the fused op: the row's RoPE, e4m3 cast and scales (fused_out.cuh)
+    sparse_decode_detail::fused_store_combined(p, token, h, o);
+  } else {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
+    char* out = static_cast<char*>(p.out) + (i * p.out_stride_b + j * p.out_stride_s +
+                                             h * p.out_stride_h + 4 * threadIdx.x) * 2;
+    reinterpret_cast<__nv_bfloat162*>(out)[0] = lo;
+    reinterpret_cast<__nv_bfloat162*>(out)[1] = hi;
+  }
   if (threadIdx.x == 0) {
     p.lse[i * p.lse_stride_b + h * p.lse_stride_h + j * p.lse_stride_s] = lse;
     if (p.max_logits != nullptr) {

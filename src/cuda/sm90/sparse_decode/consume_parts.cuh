@@ -15,6 +15,7 @@
 #include "cuda/sm90/attention/primitives.cuh"
 #include "cuda/sm90/attention/softmax.cuh"
 #include "cuda/sm90/sparse_decode/fills.cuh"
+#include "cuda/sm90/sparse_decode/fused_q.cuh"
 #include "cuda/sm90/sparse_decode/params.h"
 #include "cuda/sm90/sparse_decode/traits.h"
 
@@ -30,6 +31,7 @@ enum : uint32_t {
   kBarEpi = 4,       // row sums published (256); 5: the producer's kBarFill (fills.cuh)
   kBarMax = 6,       // the seesaw order: both warpgroups' tile row maxima (and row sums) (256)
   kBarMaxFinal = 7,  // the stagger (kStagger): WG1 -> WG0, the round's final row max (256)
+  kBarFusedQ = 8,    // inside WG0: Q loaded, before the fused op's norm and RoPE (128)
 };
 
 // The problem's Q rows [64 m, 64 m + 64) into shared memory (padding rows are zeros), by WG0.
@@ -54,7 +56,8 @@ __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
       const Row r = row_of<Traits::kDense>(p, problem, m_block * Traits::kBlockM + row);
       v[e] = make_uint4(0u, 0u, 0u, 0u);
       if (r.ok) {
-        const int64_t off = r.i * p.q_stride_b + r.j * p.q_stride_s + r.h * p.q_stride_h + ch * 8;
+        const int64_t off = r.i * p.q_stride_b + r.j * p.q_stride_s + r.h * p.q_stride_h +
+                            (ch >> 1) * p.q_stride_c16 + (ch & 1) * 8;
         v[e] = __ldg(reinterpret_cast<const uint4*>(q + off * 2));
       }
     }
@@ -64,6 +67,18 @@ __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
       const int row = idx / kChunksPerRow, ch = idx % kChunksPerRow;
       *reinterpret_cast<uint4*>(base + (ch / 8) * Traits::kPieceBytes +
                                 swizzled_offset(row, ch % 8)) = v[e];
+    }
+  }
+}
+
+// The fused op's norm and RoPE of Q (fused_q.cuh), by WG0 after load_q: nothing without it.
+template <class Traits>
+__device__ __forceinline__ void fused_q(const SparseDecodeParams& p,
+                                        typename Traits::SharedStorage& smem, int problem, int t) {
+  if constexpr (Traits::kFused) {
+    if (p.fused.on) {
+      bar_sync(kBarFusedQ, 128);  // every thread's Q stores before the rows are read
+      fused_q_rows<Traits>(p, smem, problem, t);
     }
   }
 }

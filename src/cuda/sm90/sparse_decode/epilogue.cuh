@@ -2,6 +2,7 @@
 #pragma once
 
 #include "cuda/sm90/sparse_decode/consume_parts.cuh"
+#include "cuda/sm90/sparse_decode/fused_out.cuh"
 
 namespace openmla::cuda::sm90 {
 namespace sparse_decode_detail {
@@ -86,6 +87,12 @@ __device__ __forceinline__ void write_output(const SparseDecodeParams& p,
       }
 #pragma unroll
       for (int c = 0; c < size<1>(O); ++c) O(r, c) *= f;
+    }
+  }
+  if constexpr (Traits::kFused) {
+    if (single && p.fused.on) {  // the fused op: O's RoPE, the e4m3 cast and its scales
+      fused_store_rows(p, wg, lane, O, cO_rc, rows);
+      return;
     }
   }
 #pragma unroll

@@ -240,7 +240,8 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.stream = form.stream;
   p.ring = form.ring;
   p.seesaw = form.seesaw;
-  p.stagger = form.stagger;
+  // The fused op's steps exist in the staggered seesaw only (traits.h kFused).
+  p.stagger = form.stagger || (form.seesaw && p.fused.on);
   p.group_fill = form.group_fill;
   for (p.problem0 = 0; p.problem0 < p.problems; p.problem0 += 65535) {
     const bool dense = p.block_table != nullptr;

@@ -31,6 +31,7 @@ __device__ __forceinline__ void consume_seesaw(const SparseDecodeParams& p,
   // goes back to the producer as soon as its readers are done.
   if (wg == 0) {
     load_q<Traits>(p, smem, problem, m_block, t);
+    fused_q<Traits>(p, smem, problem, t);
     fence_async_smem();
   }
   bar_sync(kBarQ, 256);

@@ -26,6 +26,7 @@ __device__ __forceinline__ void consume_wg0(
   constexpr bool kDense = Traits::kDense;
   constexpr bool kSlots = Traits::kSlots;
   load_q<Traits>(p, smem, problem, m_block, t);
+  fused_q<Traits>(p, smem, problem, t);
   if constexpr (kDense) {  // the rows' query tokens, heads and limits, divided out once
     if (t < 64) {
       const Row r = row_of<kDense>(p, problem, m_block * 64 + t);

@@ -28,9 +28,33 @@ struct SparseCacheParams {
   bool by_token = false;    // quantised, parts aligned for the token fill (fills.cuh)
 };
 
+// The fused V4 attention's steps around the kernel (include/openmla/fused_attention.h; sparse
+// mode at d_qk = d_v = 512 only, every query token a problem of its own: Row::i is the token).
+// Q: the RMS norm (optional) and the RoPE of its last 64 dims applied in shared memory after
+// the load (fused_q.cuh); out: the inverse RoPE, the e4m3 cast and the UE8M0 scales in place of
+// the bf16 store (fused_out.cuh), in the kernel's epilogue or in the combine.
+struct SparseFusedParams {
+  bool on = false;
+  bool q_norm = false;
+  float eps = 0.f;
+  const int32_t* positions = nullptr;  // [tokens]
+  int64_t positions_stride = 0;
+  int64_t num_positions = 0;           // a position outside [0, num_positions) reads no cos/sin
+  const float* cos_sin = nullptr;      // [num_positions, 64]: cos in [0, 32), sin in [32, 64)
+  int64_t cos_sin_stride0 = 0, cos_sin_stride1 = 0;
+  uint8_t* out_fp8 = nullptr;          // [tokens, n_wv_group, group_size * 512] (last dim dense)
+  int64_t out_stride_s = 0, out_stride_g = 0;
+  int32_t* out_sf = nullptr;           // [tokens, n_wv_group, group_size * 4] packed bytes
+  int64_t sf_stride_s = 0, sf_stride_g = 0, sf_stride_k = 0;
+  int group_size = 1;                  // heads of an output group
+};
+
 struct SparseDecodeParams {
   const void* q;  // [b, s_q, h_q, d_qk] bf16
   int64_t q_stride_b, q_stride_s, q_stride_h;
+  // Between a head's 16-dim chunks of q: 16 (rows contiguous), h_q * 16 for the fused op's
+  // permute_q_b_proj layout (chunks interleaved across heads).
+  int64_t q_stride_c16 = 16;
   void* out;  // [b, s_q, h_q, 512] bf16
   int64_t out_stride_b, out_stride_s, out_stride_h;
   float* lse;  // [b, h_q, s_q]
@@ -49,6 +73,8 @@ struct SparseDecodeParams {
 
   const float* sink;  // [h_q] or null
   int64_t sink_stride;
+
+  SparseFusedParams fused;  // fused.on: the fused V4 attention (out and out_stride_* unused)
 
   // Split partials (num_splits > 1), row-major and independent of any register layout:
   // o_partial [num_splits, tokens, h_q, 512] fp32 (unnormalised-free: already divided by the

@@ -47,6 +47,10 @@ struct SparseDecodeTraits
   static constexpr bool kSeesaw = kSeesaw_;
   static constexpr bool kStagger = kStagger_;
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
+  // The fused V4 attention's steps (params.h SparseFusedParams) are compiled into the forms it
+  // runs: d 512 sparse mode, quantised caches (standard order, ring) and bf16 kv (the staggered
+  // seesaw; launch.cu never gives a fused launch the plain seesaw, which has no registers left).
+  static constexpr bool kFused = kHeadDimQK_ == 512 && !kDense_ && (!kSeesaw_ || kStagger_);
   static constexpr bool kRing = kRing_ > 0;
   static constexpr bool kSlots = kRing_ >= 2;
   static_assert(kRing_ >= 0 && kRing_ <= 3);
