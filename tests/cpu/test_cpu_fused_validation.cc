@@ -221,7 +221,10 @@ TEST(CpuFusedValidation, DecodeCachesAndExtraArguments) {
   expect_invalid(fused_norm_rope_attn_rope_cast_decode(a), "extra_topk_length");
 }
 
-TEST(CpuFusedValidation, CudaTensorsAreNotImplementedYet) {
+#ifndef OPENMLA_WITH_CUDA
+// Without a CUDA backend, CUDA tensors get a clear UnsupportedDevice, never a crash (the CUDA
+// build runs them on the sparse kernel: tests/gpu/test_fused_attention.cu).
+TEST(CpuFusedValidation, CudaTensorsWithoutCudaBackend) {
   Prefill p(21);
   FusedPrefillArgs a = p.args;
   for (TensorView* t : {&a.q, &a.kv, &a.indices, &a.fused.token_positions, &a.fused.cos_sin_cache,
@@ -229,9 +232,11 @@ TEST(CpuFusedValidation, CudaTensorsAreNotImplementedYet) {
     t->device = Device::cuda(0);
   }
   const Status st = fused_norm_rope_attn_rope_cast_prefill(a);
-  EXPECT_EQ(st.code(), StatusCode::kNotImplemented) << st.message();
-  EXPECT_NE(st.message().find("Hopper"), std::string::npos) << st.message();
+  EXPECT_EQ(st.code(), StatusCode::kUnsupportedDevice) << st.message();
+  EXPECT_NE(st.message().find("no CUDA backend"), std::string::npos) << st.message();
+  EXPECT_EQ(fused_norm_rope_attn_rope_cast_workspace_size(Device::cuda(0), 4, 64), 0u);
 }
+#endif
 
 // topk_length 0 makes a lonely query: e4m3 zeros, every scale 2^-22 (amax clamped to 1e-4:
 // ceil(log2(1e-4 / 448)) = -22, byte 105), lse +inf, max_logits -inf. A +inf sink zeroes the
