@@ -61,18 +61,21 @@ def ops():
                sm_scale: float, d_v: int, attn_sink: Optional[Tensor],
                topk_length: Optional[Tensor], extra_k_cache: Optional[Tensor],
                extra_indices_in_kvcache: Optional[Tensor],
-               extra_topk_length: Optional[Tensor]) -> List[Tensor]:
+               extra_topk_length: Optional[Tensor],
+               batch_invariant: bool = False) -> List[Tensor]:
         return list(fused._decode_eager(
             enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
             cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
             use_packed_ue8m0, q, k_cache, indices_in_kvcache, sm_scale, d_v, attn_sink,
-            topk_length, extra_k_cache, extra_indices_in_kvcache, extra_topk_length))
+            topk_length, extra_k_cache, extra_indices_in_kvcache, extra_topk_length,
+            batch_invariant))
 
     @decode.register_fake
     def _(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
           cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
           use_packed_ue8m0, q, k_cache, indices_in_kvcache, sm_scale, d_v, attn_sink,
-          topk_length, extra_k_cache, extra_indices_in_kvcache, extra_topk_length):
+          topk_length, extra_k_cache, extra_indices_in_kvcache, extra_topk_length,
+          batch_invariant=False):
         out_fp8, out_sf = _fake_outputs(q, n_wv_group, d_v)
         s_q, h_q, _ = q.shape
         return [out_fp8, out_sf, q.new_empty((s_q, h_q), dtype=torch.float32)]

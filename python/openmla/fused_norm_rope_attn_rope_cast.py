@@ -10,13 +10,20 @@ order and returns are FlashMLA's (flash_mla/fused_norm_rope_attn_rope_cast.py):
   decode(...)  -> (out_fp8, out_sf, lse)
   permute_q_b_proj((q_b_proj, q_b_sf), h_q, d_q) -> (q_b_proj_permuted, q_b_sf_permuted)
   permute_wv_proj((wv_proj, wv_sf), wv_group_size, d_o) -> (wv_proj_permuted, wv_sf_permuted)
-Tensors are torch tensors. CPU tensors run on OpenMLA's CPU backend; CUDA tensors raise
-NotImplementedError (the fused Hopper kernel is not built yet). Differences from FlashMLA:
+Tensors are torch tensors. CPU tensors run on OpenMLA's CPU backend; CUDA tensors on the SM90
+sparse attention kernel with the norm, RoPE and cast fused in (d_qk = d_v = 512 only, as
+FlashMLA's kernel; other sizes raise NotImplementedError), on torch's current stream, with a
+workspace of fused_workspace_size(...) bytes allocated per call (torch's caching allocator; a
+CUDA-graph capture takes it from the graph's pool). Differences from FlashMLA:
   * the CPU backend takes more sizes than FlashMLA's kernels (any h_q divisible by n_wv_group,
     d_qk a multiple of 16 and >= d_v, d_v a multiple of 32 and >= rope_dim); decode's caches are
     V4's fp8_model1 (584 B) or V4.1's fp8_mx (528 B), the extra cache of the same format or fp4
     (288 B, with fp8_mx only), as FlashMLA's V4/V4.1 kernels;
-  * a position outside [0, cos_sin_cache.size(0)) raises ValueError (CPU);
+  * a position outside [0, cos_sin_cache.size(0)) raises ValueError (CPU); on CUDA tensors
+    positions are not read on the host, and such a token's out_fp8 is NaN (0x7F bytes);
+  * decode takes an extra keyword, batch_invariant=False: True makes each token's result
+    independent of the other tokens of the call (on the GPU one CTA walks each token's keys,
+    no split; the CPU backend always is);
   * errors are ValueError / TypeError / NotImplementedError naming the argument, not asserts;
   * under torch.compile the calls are custom ops (torch.ops.openmla.fused_norm_rope_attn_rope_cast_*)
     with fake implementations.
@@ -64,6 +71,25 @@ def _outputs(op: str, q, n_wv_group: int, d_v: int):
     out_sf = torch.zeros(max(storage, 1), dtype=torch.int32, device=q.device).as_strided(
         shape, strides)
     return out_fp8, out_sf
+
+
+def fused_workspace_size(q) -> int:
+    """Bytes of workspace prefill or decode needs for q [s_q, h_q, d_qk] on q's device (0 on
+    the CPU): the fp32 partials of split key lists."""
+    if q.dim() != 3:
+        raise ValueError(f"fused_workspace_size: q: expected 3 dimensions [s_q, h_q, d_qk], got "
+                         f"shape {tuple(q.shape)}")
+    device = fw.Torch.device(q)
+    return int(_C.fused_workspace_size(device[0], device[1], int(q.shape[0]), int(q.shape[1])))
+
+
+def _workspace(q):
+    """The call's workspace: a uint8 buffer of fused_workspace_size(q) bytes on q's CUDA device;
+    None on the CPU (its backend needs none) or when the size is 0."""
+    if q.device.type != "cuda":
+        return None
+    size = fused_workspace_size(q)
+    return _torch().empty(size, dtype=_torch().uint8, device=q.device) if size > 0 else None
 
 
 def _compiling(q) -> bool:
@@ -141,6 +167,7 @@ def _prefill_eager(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_st
     s_q, h_q, _ = q.shape
     max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
     lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    workspace = _workspace(q)
     with fw.Torch.guard(q):
         _C.fused_prefill(
             fw.to_c(q), fw.to_c(kv), fw.to_c(indices), fw.to_c(out_fp8), fw.to_c(out_sf),
@@ -153,7 +180,7 @@ def _prefill_eager(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_st
             use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, round_sf=round_sf,
             use_packed_ue8m0=use_packed_ue8m0, topk_length=fw.to_c(topk_length),
             attn_sink=fw.to_c(attn_sink), d_v=int(d_v), softmax_scale=_scale(op, sm_scale),
-            stream=fw.Torch.stream(q))
+            workspace=fw.to_c(workspace), stream=fw.Torch.stream(q))
     return out_fp8, out_sf, max_logits, lse
 
 
@@ -179,6 +206,8 @@ def decode(
     extra_k_cache=None,
     extra_indices_in_kvcache=None,
     extra_topk_length=None,
+    *,
+    batch_invariant: bool = False,
 ) -> Tuple:
     """Fused Q norm + Q RoPE + sparse decode over paged quantised caches + O RoPE + O cast.
 
@@ -187,11 +216,14 @@ def decode(
     fp8_mx); indices_in_kvcache [s_q, topk] int32 slots block * page_block_size + offset (-1 or
     out of range: ignored); topk_length [s_q]; extra_k_cache of k_cache's format or 288 B fp4
     (with 528 B only), extra_indices_in_kvcache [s_q, extra_topk], extra_topk_length [s_q].
+    batch_invariant (OpenMLA's keyword): each token's result independent of the call's other
+    tokens (GPU: no split of a token's key list; the CPU backend always is).
     Returns out_fp8, out_sf (as prefill's) and lse [s_q, h_q] fp32 (without the sink)."""
     args = (enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
             cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
             use_packed_ue8m0, q, k_cache, indices_in_kvcache, sm_scale, d_v, attn_sink,
-            topk_length, extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
+            topk_length, extra_k_cache, extra_indices_in_kvcache, extra_topk_length,
+            batch_invariant)
     if _compiling(q):
         from . import _fused_torch_ops
         return tuple(_fused_torch_ops.ops()[1](*args))
@@ -202,7 +234,7 @@ def _decode_eager(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_sty
                   cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf,
                   round_sf, use_packed_ue8m0, q, k_cache, indices_in_kvcache, sm_scale, d_v,
                   attn_sink, topk_length, extra_k_cache, extra_indices_in_kvcache,
-                  extra_topk_length):
+                  extra_topk_length, batch_invariant=False):
     op = "fused_norm_rope_attn_rope_cast.decode"
     torch = _torch()
     for name, x in (("q", q), ("k_cache", k_cache), ("indices_in_kvcache", indices_in_kvcache),
@@ -215,10 +247,12 @@ def _decode_eager(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_sty
         _require_tensor(op, name, x, optional=True)
     _flags(op, (("enable_q_norm", enable_q_norm), ("is_rope_neox_style", is_rope_neox_style),
                 ("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
-                ("round_sf", round_sf), ("use_packed_ue8m0", use_packed_ue8m0)))
+                ("round_sf", round_sf), ("use_packed_ue8m0", use_packed_ue8m0),
+                ("batch_invariant", batch_invariant)))
     out_fp8, out_sf = _outputs(op, q, n_wv_group, d_v)
     s_q, h_q, _ = q.shape
     lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    workspace = _workspace(q)
     with fw.Torch.guard(q):
         _C.fused_decode(
             fw.to_c(q), fw.to_c(k_cache), fw.to_c(indices_in_kvcache), fw.to_c(out_fp8),
@@ -233,7 +267,8 @@ def _decode_eager(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_sty
             extra_k_cache=fw.to_c(extra_k_cache),
             extra_indices=fw.to_c(extra_indices_in_kvcache),
             extra_topk_length=fw.to_c(extra_topk_length), attn_sink=fw.to_c(attn_sink),
-            d_v=int(d_v), softmax_scale=_scale(op, sm_scale), stream=fw.Torch.stream(q))
+            d_v=int(d_v), softmax_scale=_scale(op, sm_scale), workspace=fw.to_c(workspace),
+            stream=fw.Torch.stream(q), batch_invariant=batch_invariant)
     return out_fp8, out_sf, lse
 
 

@@ -147,6 +147,19 @@ TensorView to_optional_view(const std::optional<Array>& array, const char* op, c
   return array ? to_view(*array, op, arg) : TensorView{};
 }
 
+Workspace to_workspace(const std::optional<Array>& workspace, const char* op) {
+  Workspace w;
+  if (!workspace) return w;
+  const TensorView view = to_view(*workspace, op, "workspace");
+  if (view.rank != 1 || view.dtype != DType::kUInt8 ||
+      (view.shape[0] > 1 && view.strides[0] != 1)) {
+    throw_value_error(std::string(op) + ": workspace: expected a contiguous 1-D uint8 array");
+  }
+  w.data = view.data;
+  w.bytes = static_cast<size_t>(view.shape[0]);
+  return w;
+}
+
 KVFormat parse_format(const std::string& name, const char* op, const char* arg) {
   const std::optional<KVFormat> format = kv_format_from_name(name);
   if (!format) {

@@ -42,6 +42,10 @@ Device array_device(const Array& array, const char* op, const char* arg);
 TensorView to_view(const Array& array, const char* op, const char* arg);
 TensorView to_optional_view(const std::optional<Array>& array, const char* op, const char* arg);
 
+// A call's workspace: none when `workspace` is None, else a contiguous 1-D uint8 array (its
+// bytes); ValueError naming `op` otherwise.
+Workspace to_workspace(const std::optional<Array>& workspace, const char* op);
+
 // A paged KV cache from one array:
 //   bytes (any 8-bit dtype: uint8, int8, float8) [num_blocks, page_size, 1, bytes_per_token] or
 //   [num_blocks, page_size, bytes_per_token]: the format is `format_name` or, when empty,

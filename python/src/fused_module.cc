@@ -1,12 +1,14 @@
 // openmla._C's functions for the fused norm-rope-attention-rope-cast operations
-// (include/openmla/fused_attention.h): fused_prefill, fused_decode and fused_out_sf_layout.
-// Registered by module.cc; outputs are passed in, allocated by the Python layer.
+// (include/openmla/fused_attention.h): fused_prefill, fused_decode, fused_out_sf_layout and
+// fused_workspace_size. Registered by module.cc; outputs and the workspace (CUDA:
+// fused_workspace_size bytes, uint8) are passed in, allocated by the Python layer.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -59,7 +61,8 @@ void fused_prefill_py(const Array& q, const Array& kv, const Array& indices, con
                       bool is_rope_neox_style, int rope_dim, const Array& cos_sin_cache,
                       int n_wv_group, int num_per_channels, bool use_tma_aligned_col_major_sf,
                       bool round_sf, bool use_packed_ue8m0, const OptArray& topk_length,
-                      const OptArray& attn_sink, int d_v, float softmax_scale, uintptr_t stream) {
+                      const OptArray& attn_sink, int d_v, float softmax_scale,
+                      const OptArray& workspace, uintptr_t stream) {
   const char* op = "fused_norm_rope_attn_rope_cast.prefill";
   FusedPrefillArgs a;
   a.fused = settings(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
@@ -76,6 +79,7 @@ void fused_prefill_py(const Array& q, const Array& kv, const Array& indices, con
   a.out_sf = to_view(out_sf, op, "out_sf");
   a.max_logits = to_view(max_logits, op, "max_logits");
   a.lse = to_view(lse, op, "lse");
+  a.workspace = to_workspace(workspace, op);
   run([&] { return fused_norm_rope_attn_rope_cast_prefill(a, to_stream(stream)); });
 }
 
@@ -89,9 +93,11 @@ void fused_decode_py(const Array& q, const Array& k_cache, const Array& indices,
                      const OptArray& extra_k_cache, const OptString& extra_k_cache_format,
                      const std::string& extra_k_cache_layout, const OptArray& extra_indices,
                      const OptArray& extra_topk_length, const OptArray& attn_sink, int d_v,
-                     float softmax_scale, uintptr_t stream) {
+                     float softmax_scale, const OptArray& workspace, uintptr_t stream,
+                     bool batch_invariant) {
   const char* op = "fused_norm_rope_attn_rope_cast.decode";
   FusedDecodeArgs a;
+  a.batch_invariant = batch_invariant;
   a.fused = settings(enable_q_norm, rms_norm_eps, token_positions, is_rope_neox_style, rope_dim,
                      cos_sin_cache, n_wv_group, num_per_channels, use_tma_aligned_col_major_sf,
                      round_sf, use_packed_ue8m0, op);
@@ -111,6 +117,7 @@ void fused_decode_py(const Array& q, const Array& k_cache, const Array& indices,
   a.out_fp8 = to_view(out_fp8, op, "out_fp8");
   a.out_sf = to_view(out_sf, op, "out_sf");
   a.lse = to_view(lse, op, "lse");
+  a.workspace = to_workspace(workspace, op);
   run([&] { return fused_norm_rope_attn_rope_cast_decode(a, to_stream(stream)); });
 }
 
@@ -123,6 +130,23 @@ fused_out_sf_layout_py(int64_t s_q, int64_t n_wv_group, int64_t wv_group_size, i
           l.storage_ints};
 }
 
+// Bytes of workspace either operation needs for s_q tokens of h_q heads on the device (0 on
+// the CPU).
+size_t fused_workspace_size_py(const std::string& device_type, int device_index, int64_t s_q,
+                               int64_t h_q) {
+  const char* op = "fused_workspace_size";
+  const auto check = [op](const char* name, int64_t value) {
+    if (value < 0) {
+      throw_value_error(std::string(op) + ": " + name + ": expected >= 0, got " +
+                        std::to_string(value));
+    }
+  };
+  check("s_q", s_q);
+  check("h_q", h_q);
+  return fused_norm_rope_attn_rope_cast_workspace_size(parse_device(device_type, device_index, op),
+                                                       s_q, h_q);
+}
+
 }  // namespace
 
 void register_fused(nb::module_& m) {
@@ -131,7 +155,7 @@ void register_fused(nb::module_& m) {
         "is_rope_neox_style"_a, "rope_dim"_a, "cos_sin_cache"_a, "n_wv_group"_a,
         "num_per_channels"_a, "use_tma_aligned_col_major_sf"_a, "round_sf"_a,
         "use_packed_ue8m0"_a, "topk_length"_a = nb::none(), "attn_sink"_a = nb::none(),
-        "d_v"_a = 512, "softmax_scale"_a = 0.f, "stream"_a = 0);
+        "d_v"_a = 512, "softmax_scale"_a = 0.f, "workspace"_a = nb::none(), "stream"_a = 0);
   m.def("fused_decode", &fused_decode_py, "q"_a, "k_cache"_a, "indices"_a, "out_fp8"_a,
         "out_sf"_a, "lse"_a, "enable_q_norm"_a, "rms_norm_eps"_a, "token_positions"_a,
         "is_rope_neox_style"_a, "rope_dim"_a, "cos_sin_cache"_a, "n_wv_group"_a,
@@ -140,9 +164,12 @@ void register_fused(nb::module_& m) {
         "topk_length"_a = nb::none(), "extra_k_cache"_a = nb::none(),
         "extra_k_cache_format"_a = nb::none(), "extra_k_cache_layout"_a = "default",
         "extra_indices"_a = nb::none(), "extra_topk_length"_a = nb::none(),
-        "attn_sink"_a = nb::none(), "d_v"_a = 512, "softmax_scale"_a = 0.f, "stream"_a = 0);
+        "attn_sink"_a = nb::none(), "d_v"_a = 512, "softmax_scale"_a = 0.f,
+        "workspace"_a = nb::none(), "stream"_a = 0, "batch_invariant"_a = false);
   m.def("fused_out_sf_layout", &fused_out_sf_layout_py, "s_q"_a, "n_wv_group"_a,
         "wv_group_size"_a, "d_v"_a);
+  m.def("fused_workspace_size", &fused_workspace_size_py, "device_type"_a, "device_index"_a,
+        "s_q"_a, "h_q"_a);
 }
 
 }  // namespace openmla::python

@@ -49,19 +49,6 @@ DecodeSchedule to_schedule(const OptArray& metadata, const OptArray& num_splits,
   return schedule;
 }
 
-Workspace to_workspace(const OptArray& workspace, const char* op) {
-  Workspace w;
-  if (!workspace) return w;
-  const TensorView view = to_view(*workspace, op, "workspace");
-  if (view.rank != 1 || view.dtype != DType::kUInt8 ||
-      (view.shape[0] > 1 && view.strides[0] != 1)) {
-    throw_value_error(std::string(op) + ": workspace: expected a contiguous 1-D uint8 array");
-  }
-  w.data = view.data;
-  w.bytes = static_cast<size_t>(view.shape[0]);
-  return w;
-}
-
 void dense_decode_py(const Array& q, const Array& k_cache, const Array& block_table,
                      const Array& cache_seqlens, const Array& out, const Array& lse, int d_v,
                      float softmax_scale, bool causal, const OptArray& sched_metadata,

@@ -316,6 +316,44 @@ def test_torch_compile_fullgraph_traces_the_custom_ops():
                                c["attn_sink"], c["topk_length"]))
 
 
+def decode_case(seed, s_q=3, h_q=16):
+    gen = torch.Generator().manual_seed(seed)
+    cache = openmla.new_kv_cache(4, 16, "fp8_mx", like=torch.empty(0))
+    openmla.kv_cache_write(torch.randn(64, 512, generator=gen), torch.arange(64), cache,
+                           kv_format="fp8_mx")
+    return dict(q=torch.randn(s_q, h_q, 512, generator=gen).to(torch.bfloat16), cache=cache,
+                idx=torch.randint(-1, 64, (s_q, 24), generator=gen, dtype=torch.int32),
+                lengths=torch.tensor([0, 24, 9][:s_q], dtype=torch.int32),
+                positions=torch.arange(s_q, dtype=torch.int32) * 7,
+                cos_sin=build_cos_sin_cache(64), sink=torch.randn(h_q, generator=gen))
+
+
+def test_decode_batch_invariant_keyword_and_torch_compile():
+    """decode's OpenMLA keyword batch_invariant (the CPU backend always is: the same bytes), and
+    torch.compile(fullgraph=True) tracing the decode custom op with it."""
+    c = decode_case(seed=41)
+
+    def fn(q, cache, idx, lengths, positions, cos_sin, sink, batch_invariant):
+        out_fp8, out_sf, lse = fused.decode(
+            False, EPS, positions, False, ROPE, cos_sin, 2, 32, True, True, True, q, cache, idx,
+            0.05, 512, sink, lengths, batch_invariant=batch_invariant)
+        return out_fp8.view(torch.uint8), out_sf, lse
+
+    args = (c["q"], c["cache"], c["idx"], c["lengths"], c["positions"], c["cos_sin"], c["sink"])
+    plain = fn(*args, False)
+    invariant = fn(*args, True)
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(*args, True)
+    for a, b, d in zip(plain, invariant, compiled):
+        assert torch.equal(a, b) and torch.equal(a, d)
+    with pytest.raises(TypeError, match="batch_invariant"):
+        fn(*args, 1)
+    from openmla import _fused_torch_ops
+    op = _fused_torch_ops.ops()[1]
+    torch.library.opcheck(op, (False, EPS, c["positions"], False, ROPE, c["cos_sin"], 2, 32, True,
+                               True, True, c["q"], c["cache"], c["idx"], 0.05, 512, c["sink"],
+                               c["lengths"], None, None, None, True))
+
+
 # --- alias and errors ---------------------------------------------------------------------------
 
 def test_flash_mla_alias_exposes_the_submodule():
@@ -376,9 +414,10 @@ def test_errors_name_the_argument():
                       True, c["q"], c["kv"], c["indices"], sm_scale=0.1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_tensors_not_implemented():
-    c = {k: (v.cuda() if isinstance(v, torch.Tensor) else v)
-         for k, v in make_prefill(seed=7, s_q=2, h_q=64).items()}
-    with pytest.raises(NotImplementedError, match="Hopper"):
-        run_prefill(c, False, 8, 0.1)
+def test_workspace_size_is_zero_on_the_cpu():
+    """CUDA tensors get a workspace of fused_workspace_size(q) bytes per call (the GPU tests
+    cover them: test_gpu_fused.py); the CPU backend needs none."""
+    assert fused.fused_workspace_size(torch.empty(7, 64, 512, dtype=torch.bfloat16)) == 0
+    assert openmla._C.fused_workspace_size("cpu", 0, 7, 64) == 0
+    with pytest.raises(ValueError, match="h_q"):
+        openmla._C.fused_workspace_size("cpu", 0, 7, -1)
