@@ -18,7 +18,8 @@
 // the output's RoPE, cast and scales in its epilogue (or in the combine of a split key list).
 // d_qk = d_v = 512 on CUDA (FlashMLA's kernel's only size). token_positions are not read on the
 // host for CUDA tensors: a position outside [0, num_positions) is never used to read the
-// cos/sin cache, and makes that token's out_fp8 NaN (0x7F) instead.
+// cos/sin cache; that token's out_fp8 is all 0x7F (e4m3 NaN), its scale bytes 0xFF, its lse
+// and max_logits unspecified.
 #pragma once
 
 #include <cstdint>

@@ -376,7 +376,8 @@ TEST(FusedAttention, Prefill) {
 
 TEST(FusedAttention, PositionOutsideTheCacheReadsNothing) {
   // CUDA tensors' positions are not read on the host: a position past the cos/sin cache must not
-  // be read (compute-sanitizer's run of this test) and leaves the other tokens' results intact.
+  // be read (compute-sanitizer's run of this test); that token's bytes are 0x7F and its scales
+  // 0xFF, and the other tokens' results are intact.
   FusedCase c{"bad position"};
   c.extra = KVFormat::kFP8_Model1;
   c.s_q = 3;
@@ -391,6 +392,14 @@ TEST(FusedAttention, PositionOutsideTheCacheReadsNothing) {
   copy_to_host(p.d_out_fp8, &fp8);
   copy_to_host(p.d_out_sf, &sf);
   const Dequant ref{p.out_fp8, p.out_sf}, got{fp8, sf};
+  int64_t not_nan = 0;
+  for (int64_t g = 0; g < c.n_wv_group; ++g) {
+    for (int64_t i = 0; i < c.h_q / c.n_wv_group * kDims; ++i) not_nan += fp8.get({1, g, i}) != 0x7F;
+    for (int64_t k = 0; k < c.h_q / c.n_wv_group * kDims / 32; ++k) {
+      EXPECT_EQ(got.scale_byte(1, g, k), 0xFF) << "group " << g << " chunk " << k;
+    }
+  }
+  EXPECT_EQ(not_nan, 0) << "token 1's bytes: 0x7F (e4m3 NaN) expected";
   for (int64_t s : {0, 2}) {
     for (int64_t i = 0; i < c.h_q / c.n_wv_group * kDims; i += 97) {
       const double r = ref.value(s, 0, i), v = got.value(s, 0, i);

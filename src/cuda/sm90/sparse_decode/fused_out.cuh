@@ -76,8 +76,9 @@ __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, in
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const auto& w = rows[r];
+    const float* cs = fused_cos_sin(f, w.i);
+    const bool bad = cs == nullptr;  // a position outside the cache: 0x7F bytes, 0xFF scales
     if (wg == 1) {  // the RoPE dims 448 - 511 are WG1's chunks 6 and 7
-      const float* cs = fused_cos_sin(f, w.i);
 #pragma unroll
       for (int c = 48; c < 64; c += 2) {
         fused_unrotate(cs, f.cos_sin_stride1, 256 + get<1>(cO_rc(r, c)), O(r, c), O(r, c + 1));
@@ -97,9 +98,10 @@ __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, in
 #pragma unroll
       for (int c = 8 * q; c < 8 * q + 8; c += 2) {
         const int col = get<1>(cO_rc(r, c)) % 32;
-        *reinterpret_cast<uint16_t*>(dst.bytes + col) = fused_e4m3x2(O(r, c), O(r, c + 1), inv);
+        *reinterpret_cast<uint16_t*>(dst.bytes + col) =
+            bad ? uint16_t{0x7F7F} : fused_e4m3x2(O(r, c), O(r, c + 1), inv);
       }
-      if (lane % 4 == 0) *dst.scale = static_cast<uint8_t>(e + 127);
+      if (lane % 4 == 0) *dst.scale = bad ? uint8_t{0xFF} : static_cast<uint8_t>(e + 127);
     }
   }
 }
@@ -110,8 +112,9 @@ __device__ __forceinline__ void fused_store_combined(const SparseDecodeParams& p
                                                      float4 o) {
   const SparseFusedParams& f = p.fused;
   const int t = threadIdx.x, d = 4 * t;
+  const float* cs = fused_cos_sin(f, token);
+  const bool bad = cs == nullptr;  // a position outside the cache: 0x7F bytes, 0xFF scales
   if (d >= kFusedRopeDim0) {
-    const float* cs = fused_cos_sin(f, token);
     fused_unrotate(cs, f.cos_sin_stride1, d, o.x, o.y);
     fused_unrotate(cs, f.cos_sin_stride1, d + 2, o.z, o.w);
   }
@@ -122,8 +125,8 @@ __device__ __forceinline__ void fused_store_combined(const SparseDecodeParams& p
   const float inv = ldexpf(1.f, -e);
   const FusedChunk dst = fused_chunk(f, token, h, d / 32);
   const uint32_t lo = fused_e4m3x2(o.x, o.y, inv), hi = fused_e4m3x2(o.z, o.w, inv);
-  *reinterpret_cast<uint32_t*>(dst.bytes + d % 32) = lo | hi << 16;
-  if (t % 8 == 0) *dst.scale = static_cast<uint8_t>(e + 127);
+  *reinterpret_cast<uint32_t*>(dst.bytes + d % 32) = bad ? 0x7F7F7F7Fu : lo | hi << 16;
+  if (t % 8 == 0) *dst.scale = bad ? uint8_t{0xFF} : static_cast<uint8_t>(e + 127);
 }
 
 }  // namespace sparse_decode_detail
