@@ -21,10 +21,12 @@ note "pytest fused rc=$? $(tail -n 1 "$OUT/py_fused.txt")"
 timeout 150 python3 bench/fused_vs_unfused.py --json "$OUT/fused.json" > "$OUT/fused_bench.txt" 2>&1
 note "fused bench rc=$?"
 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 99 $T --gtest_brief=1 \
-  --gtest_filter='FusedAttention.DecodeV4:FusedAttention.PositionOutside*:FusedAttention.CudaGraph*' > "$OUT/sanitizer.txt" 2>&1
+  --gtest_filter='FusedAttentionSmall*' > "$OUT/sanitizer.txt" 2>&1
 note "memcheck rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer.txt")"
 timeout 90 python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared > "$OUT/bench.txt" 2>&1
 note "sparse bench rc=$? $(grep 'geometric mean' "$OUT/bench.txt" | tr '\n' ' ')"
+if [[ -n "${SPARSE_TESTS:-}" ]]; then
 timeout 150 $T --gtest_brief=1 --gtest_filter='Sparse*:DenseDecodeKVCache*:*PrefillDequantOnce*' > "$OUT/sparse_tests.txt" 2>&1
-note "sparse gtests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/sparse_tests.txt" | tr '\n' ' ')"
+  note "sparse gtests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/sparse_tests.txt" | tr '\n' ' ')"
+fi
 cd "$OUT" && tar czf all.tgz *.txt *.json 2>/dev/null; true

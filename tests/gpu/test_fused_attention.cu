@@ -8,8 +8,9 @@
 // What may differ from the CPU: the kernel rounds P (and q after its norm) to bf16 where the
 // definition keeps fp32, so an output value may sit on the other side of an e4m3 rounding step,
 // and a chunk whose amax / 448 is within that noise of a power of two may take the next scale.
-// Checked: each dequantised value within two e4m3 steps of the reference (or 8 subnormal quanta
-// near zero), the relative L2 error of each token's output below 3e-2, at least 99% of the scale
+// Checked: each dequantised value within two e4m3 steps of the reference plus a tenth of its
+// chunk's largest value (the attention's error is relative to the row, seen 1e-2), the relative
+// L2 error of each token's output below 3e-2, at least 99% of the scale
 // bytes equal and none more than one binade off, lse / max_logits within 1e-2 · max(1, |x|),
 // infinities exactly where the reference has them.
 #include <gtest/gtest.h>
@@ -240,11 +241,19 @@ void compare(const FusedCase& c, const Problem& p, const HostTensor& got_fp8,
         scales_equal += er == eg;
         far_scales += std::abs(er - eg) > 1;
         const double quantum = std::ldexp(1.0, std::max(er, eg) - 127 - 6);
+        double chunk_max = 0.0;
+        for (int64_t j = 0; j < 32; ++j) {
+          chunk_max = std::max(chunk_max, std::fabs(ref.value(s, g, 32 * k + j)));
+        }
         for (int64_t j = 0; j < 32; ++j) {
           const double r = ref.value(s, g, 32 * k + j), v = got.value(s, g, 32 * k + j);
           err2 += (v - r) * (v - r);
           ref2 += r * r;
-          if (!(std::fabs(v - r) <= 0.13 * std::max(std::fabs(r), std::fabs(v)) + quantum)) {
+          // An e4m3 step of either value, plus the attention's own difference, which is relative
+          // to the row (the chunk's largest value), not to a small element.
+          const double bound =
+              0.13 * std::max(std::fabs(r), std::fabs(v)) + 0.1 * chunk_max + quantum;
+          if (!(std::fabs(v - r) <= bound)) {
             if (bad_values < 5) {
               ADD_FAILURE() << "token " << s << " group " << g << " byte " << 32 * k + j
                             << ": got " << v << ", CPU " << r;
@@ -374,7 +383,7 @@ TEST(FusedAttention, Prefill) {
   check(c);
 }
 
-TEST(FusedAttention, PositionOutsideTheCacheReadsNothing) {
+TEST(FusedAttentionSmall, PositionOutsideTheCacheReadsNothing) {
   // CUDA tensors' positions are not read on the host: a position past the cos/sin cache must not
   // be read (compute-sanitizer's run of this test); that token's bytes are 0x7F and its scales
   // 0xFF, and the other tokens' results are intact.
@@ -406,6 +415,26 @@ TEST(FusedAttention, PositionOutsideTheCacheReadsNothing) {
       EXPECT_LE(std::fabs(v - r), 0.13 * std::fabs(r) + 1e-3) << "token " << s << " byte " << i;
     }
   }
+}
+
+// Small shapes of every path for compute-sanitizer (tools/device_check.sh runs *Small*): the
+// combine (split lists), the epilogue (one split), the seesaw (prefill).
+TEST(FusedAttentionSmall, EveryPath) {
+  FusedCase c{"small split"};
+  c.extra = KVFormat::kFP8_Model1;
+  c.s_q = 2;
+  c.blocks = 4;
+  c.extra_blocks = 4;
+  check(c);
+  c.name = "small one split";
+  c.batch_invariant = true;
+  check(c);
+  c.name = "small prefill";
+  c.decode = false;
+  c.s_q = 3;
+  c.topk = 256;
+  c.s_kv = 400;
+  check(c);
 }
 
 TEST(FusedAttention, CudaGraphReplay) {
