@@ -20,7 +20,8 @@
 # Options (environment):
 #   GTEST_FILTER=...       filter for both test binaries (default: all tests)
 #   SANITIZER_FILTER=...   filter for the memcheck run (default '*Small*:*Sanitizer*')
-#   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1  SKIP_CPU_TESTS=1
+#   SKIP_SANITIZER=1  SKIP_BENCH=1  SKIP_PYTHON=1  SKIP_CPU_TESTS=1 (the C++ CPU tier and
+#   pytest's non-GPU tier: CI runs both)
 #   BUILD_DIR=build-device  JOBS=$(nproc)  CMAKE_ARGS="..." (extra configure arguments)
 #   COMMIT=<hash>          the commit the working tree is (the device's .git may be stale)
 #   SPARSE_BENCH_ARGS="..."  arguments of bench/sparse_decode_vs_flashmla.py, e.g. "--only
@@ -290,7 +291,10 @@ else
     if [[ $STEP_RC -eq 0 ]]; then record import PASS "$STEP_SECONDS" "exported symbols: $exports"; else
       record import FAIL "$STEP_SECONDS" "$(note_for $STEP_RC) (139: SIGSEGV); exported symbols: $exports"; fi
     # Two runs, GPU tests first, so a crash in one cannot hide the other's results.
-    for marker in gpu "not gpu"; do
+    # (SKIP_CPU_TESTS=1 skips the non-GPU tier too: CI runs it on every commit.)
+    markers=(gpu)
+    [[ "${SKIP_CPU_TESTS:-0}" == 1 ]] || markers+=("not gpu")
+    for marker in "${markers[@]}"; do
       run_step "$LOG" "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts="" -rs -m "$marker" \
         -p no:cacheprovider "$ROOT/tests/python"
       summary="$(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -n 1)"
