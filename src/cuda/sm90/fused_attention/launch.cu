@@ -125,14 +125,8 @@ Status fused_prefill(const FusedPrefillArgs& args, const core::FusedShape& shape
                            "stride of at least 512 elements, got ", args.kv.strides[0]);
   }
   OPENMLA_RETURN_IF_ERROR(sparse_cache_params(rows, "kv", &p.cache[0], tuning));
-  p.indices[0] = args.indices.data_as<const int32_t>();
-  p.indices_stride_b[0] = args.indices.strides[0];
-  p.indices_stride_k[0] = args.indices.strides[2];
-  if (args.topk_length.defined()) {
-    p.lengths[0] = args.topk_length.data_as<const int32_t>();
-    p.lengths_stride[0] = args.topk_length.strides[0];
-  }
-  p.topk[0] = static_cast<int>(shape.topk);
+  set_key_list(&p, 0, args.indices.data_as<const int32_t>(), args.indices.strides[0], 0,
+               args.indices.strides[2], args.topk_length, shape.topk);
   p.cache[1] = p.cache[0];
   p.indices[1] = p.indices[0];
   return launch_sparse_attention(p, kDims, (shape.topk + kKeysPerTile - 1) / kKeysPerTile,
@@ -153,27 +147,16 @@ Status fused_decode(const FusedDecodeArgs& args, const core::FusedShape& shape,
   fill_common(args.fused, args.q, args.out_fp8, args.out_sf, args.lse, args.attn_sink, shape, &p);
   OPENMLA_RETURN_IF_ERROR(sparse_cache_params(args.k_cache, "k_cache", &p.cache[0], tuning));
   // indices [s_q, topk]: token i's row is "request" i's (s_q = 1 a request).
-  p.indices[0] = args.indices.data_as<const int32_t>();
-  p.indices_stride_b[0] = args.indices.strides[0];
-  p.indices_stride_k[0] = args.indices.strides[1];
-  if (args.topk_length.defined()) {
-    p.lengths[0] = args.topk_length.data_as<const int32_t>();
-    p.lengths_stride[0] = args.topk_length.strides[0];
-  }
-  p.topk[0] = static_cast<int>(shape.topk);
+  set_key_list(&p, 0, args.indices.data_as<const int32_t>(), args.indices.strides[0], 0,
+               args.indices.strides[1], args.topk_length, shape.topk);
   p.cache[1] = p.cache[0];
   p.indices[1] = p.indices[0];
   if (args.extra_k_cache.defined()) {
     OPENMLA_RETURN_IF_ERROR(
         sparse_cache_params(args.extra_k_cache, "extra_k_cache", &p.cache[1], tuning));
-    p.indices[1] = args.extra_indices.data_as<const int32_t>();
-    p.indices_stride_b[1] = args.extra_indices.strides[0];
-    p.indices_stride_k[1] = args.extra_indices.strides[1];
-    if (args.extra_topk_length.defined()) {
-      p.lengths[1] = args.extra_topk_length.data_as<const int32_t>();
-      p.lengths_stride[1] = args.extra_topk_length.strides[0];
-    }
-    p.topk[1] = static_cast<int>(shape.extra_topk);
+    const TensorView& extra = args.extra_indices;
+    set_key_list(&p, 1, extra.data_as<const int32_t>(), extra.strides[0], 0, extra.strides[1],
+                 args.extra_topk_length, shape.extra_topk);
   }
   const int64_t max_tiles = (shape.topk + kKeysPerTile - 1) / kKeysPerTile +
                             (shape.extra_topk + kKeysPerTile - 1) / kKeysPerTile;

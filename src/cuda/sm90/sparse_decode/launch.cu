@@ -166,6 +166,17 @@ Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCachePar
   return cache_params(cache, arg, tuning, c);
 }
 
+void set_key_list(SparseDecodeParams* p, int c, const int32_t* indices, int64_t stride_b,
+                  int64_t stride_s, int64_t stride_k, const TensorView& lengths, int64_t topk) {
+  p->indices[c] = indices;
+  p->indices_stride_b[c] = stride_b;
+  p->indices_stride_s[c] = stride_s;
+  p->indices_stride_k[c] = stride_k;
+  p->lengths[c] = lengths.defined() ? lengths.data_as<const int32_t>() : nullptr;
+  p->lengths_stride[c] = lengths.defined() ? lengths.strides[0] : 0;
+  p->topk[c] = static_cast<int>(topk);
+}
+
 size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q) {
   if (tokens <= 0 || h_q <= 0) return 0;
   return partial_bytes(core::sparse_max_splits(num_sms(device_index), ctas), tokens, h_q, 512);
@@ -282,26 +293,16 @@ Status sparse_decode(const SparseDecodeArgs& args, const core::SparseDecodeShape
     p.max_logits_stride_s = args.max_logits.strides[2];
   }
   OPENMLA_RETURN_IF_ERROR(cache_params(args.k_cache, "k_cache", tuning, &p.cache[0]));
-  p.indices[0] = args.indices.data_as<const int32_t>();
-  p.indices_stride_b[0] = args.indices.strides[0];
-  p.indices_stride_s[0] = args.indices.strides[1];
-  p.indices_stride_k[0] = args.indices.strides[2];
-  p.lengths[0] = args.topk_length.defined() ? args.topk_length.data_as<const int32_t>() : nullptr;
-  p.lengths_stride[0] = args.topk_length.defined() ? args.topk_length.strides[0] : 0;
-  p.topk[0] = static_cast<int>(shape.topk);
+  const TensorView& idx = args.indices;
+  set_key_list(&p, 0, idx.data_as<const int32_t>(), idx.strides[0], idx.strides[1], idx.strides[2],
+               args.topk_length, shape.topk);
   p.cache[1] = p.cache[0];
   p.indices[1] = p.indices[0];
   if (args.extra_k_cache.defined()) {
     OPENMLA_RETURN_IF_ERROR(cache_params(args.extra_k_cache, "extra_k_cache", tuning, &p.cache[1]));
-    p.indices[1] = args.extra_indices.data_as<const int32_t>();
-    p.indices_stride_b[1] = args.extra_indices.strides[0];
-    p.indices_stride_s[1] = args.extra_indices.strides[1];
-    p.indices_stride_k[1] = args.extra_indices.strides[2];
-    p.lengths[1] = args.extra_topk_length.defined()
-                       ? args.extra_topk_length.data_as<const int32_t>()
-                       : nullptr;
-    p.lengths_stride[1] = args.extra_topk_length.defined() ? args.extra_topk_length.strides[0] : 0;
-    p.topk[1] = static_cast<int>(shape.extra_topk);
+    const TensorView& extra = args.extra_indices;
+    set_key_list(&p, 1, extra.data_as<const int32_t>(), extra.strides[0], extra.strides[1],
+                 extra.strides[2], args.extra_topk_length, shape.extra_topk);
   }
   p.sink = args.attn_sink.defined() ? args.attn_sink.data_as<const float>() : nullptr;
   p.sink_stride = args.attn_sink.defined() ? args.attn_sink.strides[0] : 0;

@@ -35,6 +35,11 @@ void set_q_out_lse(const TensorView& q, const TensorView& out, const TensorView&
 // A cache's descriptor for the producer; NotImplemented for formats the kernel does not read.
 Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCacheParams* c,
                            const core::SparseTuning& tuning = {});
+// Key list c of `p` (0: the main cache, 1: the extra one): its indices (`stride_b` between
+// requests, `stride_s` between a request's tokens, `stride_k` between entries), its optional
+// lengths [b] and topk.
+void set_key_list(SparseDecodeParams* p, int c, const int32_t* indices, int64_t stride_b,
+                  int64_t stride_s, int64_t stride_k, const TensorView& lengths, int64_t topk);
 // Workspace for `tokens` query tokens of h_q heads when the grid has `ctas` CTAs unsplit.
 size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q);
 // Plans the splits of `p` (q/out/lse, caches, indices, tokens, h_q and scales filled), lays out

@@ -64,14 +64,9 @@ Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillSh
           shape.d_qk, " elements, got ", kv.strides[0]));
     }
     OPENMLA_RETURN_IF_ERROR(sparse_cache_params(rows, "kv", &p.cache[0], tuning));
-    p.indices[0] = args.indices.data_as<const int32_t>() + g * args.indices.strides[1];
-    p.indices_stride_b[0] = args.indices.strides[0];
-    p.indices_stride_k[0] = args.indices.strides[2];
-    if (args.topk_length.defined()) {
-      p.lengths[0] = args.topk_length.data_as<const int32_t>();
-      p.lengths_stride[0] = args.topk_length.strides[0];
-    }
-    p.topk[0] = static_cast<int>(shape.topk);
+    set_key_list(&p, 0, args.indices.data_as<const int32_t>() + g * args.indices.strides[1],
+                 args.indices.strides[0], 0, args.indices.strides[2], args.topk_length,
+                 shape.topk);
     p.cache[1] = p.cache[0];
     p.indices[1] = p.indices[0];
     if (args.attn_sink.defined()) {
