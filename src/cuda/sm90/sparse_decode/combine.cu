@@ -40,8 +40,11 @@ __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
   constexpr int kInFlight = 8;
   __shared__ float weight[kSparseMaxSplits];
   __shared__ float scratch[4];
-  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int h = blockIdx.x, token = p.token0 + blockIdx.y;
+  // The fused op's cos/sin: inputs, read while the decode grid still runs.
+  sparse_decode_detail::FusedCombineRope rope = {};
+  if (p.fused.on) rope = sparse_decode_detail::fused_combine_rope(p, token);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int i = token / p.s_q, j = token - i * p.s_q;
   const int64_t row = static_cast<int64_t>(token) * p.h_q + h;
   const int64_t split_stride = static_cast<int64_t>(p.tokens) * p.h_q;
@@ -87,7 +90,7 @@ __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
     }
   }
   if (p.fused.on) {  // the fused op: the row's RoPE, e4m3 cast and scales (fused_out.cuh)
-    sparse_decode_detail::fused_store_combined(p, token, h, o);
+    sparse_decode_detail::fused_store_combined(p, token, h, o, rope);
   } else {
     __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
     char* out = static_cast<char*>(p.out) + (i * p.out_stride_b + j * p.out_stride_s +

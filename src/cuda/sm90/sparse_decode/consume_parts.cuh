@@ -71,14 +71,30 @@ __device__ __forceinline__ void load_q(const SparseDecodeParams& p,
   }
 }
 
-// The fused op's norm and RoPE of Q (fused_q.cuh), by WG0 after load_q: nothing without it.
+// The fused op's cos/sin value of thread t < 64 of WG0 (fused_q.cuh), loaded before load_q so
+// its latency hides under Q's; 0 without the fused op.
+template <class Traits>
+__device__ __forceinline__ float fused_q_prefetch(const SparseDecodeParams& p, int problem, int t,
+                                                  bool& bad) {
+  bad = false;
+  if constexpr (Traits::kFused) {
+    if (p.fused.on && t < 64) return fused_cos_sin_value(p.fused, problem, t, bad);
+  }
+  return 0.f;
+}
+
+// The fused op's norm and RoPE of Q (fused_q.cuh), by WG0 after load_q: the cos/sin row into
+// shared memory (for the output's RoPE too), then Q's rows; nothing without it.
 template <class Traits>
 __device__ __forceinline__ void fused_q(const SparseDecodeParams& p,
-                                        typename Traits::SharedStorage& smem, int problem, int t) {
+                                        typename Traits::SharedStorage& smem, int t, float cs,
+                                        bool bad) {
   if constexpr (Traits::kFused) {
     if (p.fused.on) {
-      bar_sync(kBarFusedQ, 128);  // every thread's Q stores before the rows are read
-      fused_q_rows<Traits>(p, smem, problem, t);
+      if (t < 64) smem.fused_cs[t] = cs;
+      if (t == 0) smem.fused_bad = bad;
+      bar_sync(kBarFusedQ, 128);  // every thread's Q stores and the cos/sin row before reads
+      fused_q_rows<Traits>(p, smem, t);
     }
   }
 }

@@ -91,7 +91,7 @@ __device__ __forceinline__ void write_output(const SparseDecodeParams& p,
   }
   if constexpr (Traits::kFused) {
     if (single && p.fused.on) {  // the fused op: O's RoPE, the e4m3 cast and its scales
-      fused_store_rows(p, wg, lane, O, cO_rc, rows);
+      fused_store_rows(p, wg, lane, O, cO_rc, rows, smem.fused_cs, smem.fused_bad != 0);
       return;
     }
   }

@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <cute/tensor.hpp>
 
-#include "cuda/sm90/sparse_decode/fused_q.cuh"
 #include "cuda/sm90/sparse_decode/params.h"
 
 namespace openmla::cuda::sm90 {
@@ -33,17 +32,13 @@ __device__ __forceinline__ uint16_t fused_e4m3x2(float x, float y, float inv) {
   return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3));
 }
 
-// Output dims (d, d + 1), d even and >= kFusedRopeDim0, turned back by pair (d - 448) / 2.
-__device__ __forceinline__ void fused_unrotate(const float* cs, int64_t stride1, int d, float& x0,
-                                               float& x1) {
-  const int i = (d - kFusedRopeDim0) >> 1;
-  const float co = cs != nullptr ? cs[i * stride1] : __int_as_float(0x7fffffff);
-  const float si = cs != nullptr ? -cs[(32 + i) * stride1] : __int_as_float(0x7fffffff);
-  const float a = x0, b = x1;
-  x0 = fmaf(a, co, -(b * si));
-  x1 = fmaf(a, si, b * co);
+// Output dims (d, d + 1), d even and >= kFusedRopeDim0, turned back by their pair's cos c and
+// sin s (the inverse rotation: -s).
+__device__ __forceinline__ void fused_unrotate(float c, float s, float& x0, float& x1) {
+  const float a = x0, b = x1, si = -s;
+  x0 = fmaf(a, c, -(b * si));
+  x1 = fmaf(a, si, b * c);
 }
-
 
 // Where head h's 32-dim chunk c of token `token` goes: its bytes and its scale byte.
 struct FusedChunk {
@@ -66,9 +61,12 @@ __device__ __forceinline__ FusedChunk fused_chunk(const SparseFusedParams& f, in
 // normalised (and the sink applied). O(r, c) is column cO_rc(r, c): wgmma's accumulator keeps
 // columns 8 j + 2 (lane % 4) + {0, 1} at c = 2 j + {0, 1}, so c / 8 is the 32-dim chunk and a
 // chunk's 32 values sit in the 4 lanes of a quad. Every lane of the warp calls this.
+// cs: the token's cos/sin row in shared memory (fused_q.cuh; WG0 wrote it before the loop);
+// bad: its position is outside the cache (0x7F bytes, 0xFF scales).
 template <class A_O, class A_cO_rc, class A_Row>
 __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, int wg, int lane,
-                                                 A_O& O, A_cO_rc& cO_rc, const A_Row (&rows)[2]) {
+                                                 A_O& O, A_cO_rc& cO_rc, const A_Row (&rows)[2],
+                                                 const float* cs, bool bad) {
   using namespace cute;
   const SparseFusedParams& f = p.fused;
   constexpr int kCols = decltype(size<1>(O))::value;  // 64: 8 chunks of 8
@@ -76,12 +74,11 @@ __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, in
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const auto& w = rows[r];
-    const float* cs = fused_cos_sin(f, w.i);
-    const bool bad = cs == nullptr;  // a position outside the cache: 0x7F bytes, 0xFF scales
     if (wg == 1) {  // the RoPE dims 448 - 511 are WG1's chunks 6 and 7
 #pragma unroll
       for (int c = 48; c < 64; c += 2) {
-        fused_unrotate(cs, f.cos_sin_stride1, 256 + get<1>(cO_rc(r, c)), O(r, c), O(r, c + 1));
+        const int i = (256 + get<1>(cO_rc(r, c)) - kFusedRopeDim0) >> 1;
+        fused_unrotate(cs[i], cs[32 + i], O(r, c), O(r, c + 1));
       }
     }
 #pragma unroll
@@ -106,17 +103,40 @@ __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, in
   }
 }
 
+// The combine's cos/sin of its thread's two pairs (dims 4 t .. 4 t + 3 when in the RoPE dims)
+// and whether the token's position is bad, read before the combine waits for the decode grid.
+struct FusedCombineRope {
+  float c[2], s[2];
+  bool bad;
+};
+__device__ __forceinline__ FusedCombineRope fused_combine_rope(const SparseDecodeParams& p,
+                                                               int token) {
+  const SparseFusedParams& f = p.fused;
+  FusedCombineRope r = {{1.f, 1.f}, {0.f, 0.f}, false};
+  const int d = 4 * static_cast<int>(threadIdx.x);
+  const int pos = __ldg(f.positions + static_cast<int64_t>(token) * f.positions_stride);
+  r.bad = pos < 0 || pos >= f.num_positions;
+  if (!r.bad && d >= kFusedRopeDim0) {
+    const float* row = f.cos_sin + static_cast<int64_t>(pos) * f.cos_sin_stride0;
+    const int i = (d - kFusedRopeDim0) >> 1;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      r.c[e] = __ldg(row + (i + e) * f.cos_sin_stride1);
+      r.s[e] = __ldg(row + (32 + i + e) * f.cos_sin_stride1);
+    }
+  }
+  return r;
+}
+
 // The combine: dims 4 t .. 4 t + 3 of head h's merged row (sink applied), t = threadIdx.x of a
 // 128-thread block; the 8 threads of a chunk are consecutive lanes.
 __device__ __forceinline__ void fused_store_combined(const SparseDecodeParams& p, int token, int h,
-                                                     float4 o) {
+                                                     float4 o, const FusedCombineRope& rope) {
   const SparseFusedParams& f = p.fused;
   const int t = threadIdx.x, d = 4 * t;
-  const float* cs = fused_cos_sin(f, token);
-  const bool bad = cs == nullptr;  // a position outside the cache: 0x7F bytes, 0xFF scales
   if (d >= kFusedRopeDim0) {
-    fused_unrotate(cs, f.cos_sin_stride1, d, o.x, o.y);
-    fused_unrotate(cs, f.cos_sin_stride1, d + 2, o.z, o.w);
+    fused_unrotate(rope.c[0], rope.s[0], o.x, o.y);
+    fused_unrotate(rope.c[1], rope.s[1], o.z, o.w);
   }
   float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
 #pragma unroll
@@ -125,8 +145,8 @@ __device__ __forceinline__ void fused_store_combined(const SparseDecodeParams& p
   const float inv = ldexpf(1.f, -e);
   const FusedChunk dst = fused_chunk(f, token, h, d / 32);
   const uint32_t lo = fused_e4m3x2(o.x, o.y, inv), hi = fused_e4m3x2(o.z, o.w, inv);
-  *reinterpret_cast<uint32_t*>(dst.bytes + d % 32) = bad ? 0x7F7F7F7Fu : lo | hi << 16;
-  if (t % 8 == 0) *dst.scale = bad ? uint8_t{0xFF} : static_cast<uint8_t>(e + 127);
+  *reinterpret_cast<uint32_t*>(dst.bytes + d % 32) = rope.bad ? 0x7F7F7F7Fu : lo | hi << 16;
+  if (t % 8 == 0) *dst.scale = rope.bad ? uint8_t{0xFF} : static_cast<uint8_t>(e + 127);
 }
 
 }  // namespace sparse_decode_detail

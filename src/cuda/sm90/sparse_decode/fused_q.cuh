@@ -26,21 +26,23 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Token `token`'s row of the cos/sin cache; null (its rotations then make NaN) for a position
-// outside the cache, which is never read.
-__device__ __forceinline__ const float* fused_cos_sin(const SparseFusedParams& f, int token) {
-  const int pos = f.positions[static_cast<int64_t>(token) * f.positions_stride];
-  if (pos < 0 || pos >= f.num_positions) return nullptr;
-  return f.cos_sin + static_cast<int64_t>(pos) * f.cos_sin_stride0;
+// Token `token`'s cos/sin value t (t < 64: cos in [0, 32), sin after), loaded by WG0's threads
+// t < 64 before Q's loads so both are in flight together; NaN (and `bad`) for a position
+// outside the cache, which is then never read.
+__device__ __forceinline__ float fused_cos_sin_value(const SparseFusedParams& f, int token, int t,
+                                                     bool& bad) {
+  const int pos = __ldg(f.positions + static_cast<int64_t>(token) * f.positions_stride);
+  bad = pos < 0 || pos >= f.num_positions;
+  if (bad) return __int_as_float(0x7fffffff);
+  return __ldg(f.cos_sin + static_cast<int64_t>(pos) * f.cos_sin_stride0 + t * f.cos_sin_stride1);
 }
 
 // WG0's 128 threads, two a row (row t / 2; half t % 2 holds pieces 4 half .. 4 half + 3, so half
-// 1 holds the RoPE piece 7), after every thread's load_q stores are visible to all of WG0. The
-// rows are the heads of query token `token` (sparse mode: one token a problem).
+// 1 holds the RoPE piece 7), after every thread's load_q stores and smem.fused_cs are visible to
+// all of WG0. The rows are the heads of one query token (sparse mode: one token a problem).
 template <class Traits>
 __device__ __forceinline__ void fused_q_rows(const SparseDecodeParams& p,
-                                             typename Traits::SharedStorage& smem, int token,
-                                             int t) {
+                                             typename Traits::SharedStorage& smem, int t) {
   static_assert(Traits::kHeadDimQK == 512 && Traits::kNumPieces == 8,
                 "the fused op's kernel is built for d_qk 512 (8 pieces of 64 dims)");
   using attention::swizzled_offset;
@@ -68,7 +70,7 @@ __device__ __forceinline__ void fused_q_rows(const SparseDecodeParams& p,
     r = 1.f / sqrtf(ss / static_cast<float>(Traits::kHeadDimQK) + f.eps);
   }
   // The RoPE piece (half 1's last): pair i of the 64 dims turns by cos_sin[pos][i], [32 + i].
-  const float* cs = half == 1 ? fused_cos_sin(f, token) : nullptr;
+  const float* cs = smem.fused_cs;
   if (!f.q_norm && half == 0) return;  // nothing to change in pieces 0 - 3
 #pragma unroll
   for (int pc = 0; pc < 4; ++pc) {
@@ -85,9 +87,7 @@ __device__ __forceinline__ void fused_q_rows(const SparseDecodeParams& p,
         float2 x = bf16x2_floats(w[e]);
         if (rope) {
           const int i = 4 * c + e;  // the pair of dims 8 c + 2 e, 8 c + 2 e + 1 of the piece
-          const float nan = __int_as_float(0x7fffffff);
-          const float co = cs != nullptr ? cs[i * f.cos_sin_stride1] : nan;
-          const float si = cs != nullptr ? cs[(32 + i) * f.cos_sin_stride1] : nan;
+          const float co = cs[i], si = cs[32 + i];
           const float x0 = fmaf(x.x, co, -(x.y * si)), x1 = fmaf(x.x, si, x.y * co);
           x = bf16x2_floats(bf16x2_bits(x0, x1));  // the rotated dims rounded to bf16
         }

@@ -30,8 +30,10 @@ __device__ __forceinline__ void consume_seesaw(const SparseDecodeParams& p,
   // owner's QK^T and WG0's PVs, R (the rest) by the owner's QK^T and WG1's PVs, so each half
   // goes back to the producer as soon as its readers are done.
   if (wg == 0) {
+    bool fused_bad;
+    const float fused_cs = fused_q_prefetch<Traits>(p, problem, t, fused_bad);
     load_q<Traits>(p, smem, problem, m_block, t);
-    fused_q<Traits>(p, smem, problem, t);
+    fused_q<Traits>(p, smem, t, fused_cs, fused_bad);
     fence_async_smem();
   }
   bar_sync(kBarQ, 256);

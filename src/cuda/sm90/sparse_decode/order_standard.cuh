@@ -25,8 +25,10 @@ __device__ __forceinline__ void consume_wg0(
   using KElement = typename Traits::KElement;  // Q, K and P in the MMAs (fp16 with kFp16)
   constexpr bool kDense = Traits::kDense;
   constexpr bool kSlots = Traits::kSlots;
+  bool fused_bad;
+  const float fused_cs = fused_q_prefetch<Traits>(p, problem, t, fused_bad);
   load_q<Traits>(p, smem, problem, m_block, t);
-  fused_q<Traits>(p, smem, problem, t);
+  fused_q<Traits>(p, smem, t, fused_cs, fused_bad);
   if constexpr (kDense) {  // the rows' query tokens, heads and limits, divided out once
     if (t < 64) {
       const Row r = row_of<kDense>(p, problem, m_block * 64 + t);

@@ -168,6 +168,11 @@ struct SparseDecodeTraits
     // WG0 -> WG1: warp 0's).
     int8_t key_exp[kFp16 ? 3 * 32 : 1];
     int o_exp[4];
+    // The fused op (kFused): the token's cos/sin row (cos in [0, 32), sin after), loaded by WG0
+    // with Q, read by Q's RoPE and by WG1's output RoPE; fused_bad: its position is outside the
+    // cache (fused_q.cuh).
+    float fused_cs[kFused ? 64 : 1];
+    int fused_bad;
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a block may use");
