@@ -35,6 +35,8 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
 // Every split's lse is read at once (a thread a split) and its weight kept in shared memory, so
 // the weighted sum of O has kInFlight splits' loads in flight a step (walking the splits one at
 // a time, each load a dependent round trip, measured slower: NOTES.md).
+// kFused: the fused op's rows (its RoPE, e4m3 cast and scales) instead of bf16 out.
+template <bool kFused>
 __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
     const __grid_constant__ SparseDecodeParams p) {
   constexpr int kInFlight = 8;
@@ -43,7 +45,7 @@ __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
   const int h = blockIdx.x, token = p.token0 + blockIdx.y;
   // The fused op's cos/sin: inputs, read while the decode grid still runs.
   sparse_decode_detail::FusedCombineRope rope = {};
-  if (p.fused.on) rope = sparse_decode_detail::fused_combine_rope(p, token);
+  if constexpr (kFused) rope = sparse_decode_detail::fused_combine_rope(p, token);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const int i = token / p.s_q, j = token - i * p.s_q;
   const int64_t row = static_cast<int64_t>(token) * p.h_q + h;
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(128) sparse_decode_combine_kernel(
       o.x *= f, o.y *= f, o.z *= f, o.w *= f;
     }
   }
-  if (p.fused.on) {  // the fused op: the row's RoPE, e4m3 cast and scales (fused_out.cuh)
+  if constexpr (kFused) {  // the fused op: the row's RoPE, e4m3 cast and scales (fused_out.cuh)
     sparse_decode_detail::fused_store_combined(p, token, h, o, rope);
   } else {
     __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
@@ -119,7 +121,9 @@ cudaError_t launch_sparse_decode_combine(const SparseDecodeParams& params, cudaS
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, sparse_decode_combine_kernel, params);
+  return params.fused.on
+             ? cudaLaunchKernelEx(&config, sparse_decode_combine_kernel<true>, params)
+             : cudaLaunchKernelEx(&config, sparse_decode_combine_kernel<false>, params);
 }
 
 }  // namespace openmla::cuda::sm90

@@ -223,10 +223,18 @@ extern template cudaError_t launch_sparse_decode_ring<512, false>(const SparseDe
 extern template cudaError_t launch_sparse_decode_ring<512, true>(const SparseDecodeParams&,
                                                                  cudaStream_t);
 
+// The fused V4 attention's kernels (traits.h kFused; instantiations/fused_d512_sm90.cu): the
+// forms a fused call runs, with the fused steps compiled in.
+cudaError_t launch_sparse_decode_fused(const SparseDecodeParams& params, cudaStream_t stream);
+
 // The seesaw order serves grids of bf16 keys by cp.async (params.seesaw, launch.cu); the ring
-// fill, quantised keys of one format (params.ring).
+// fill, quantised keys of one format (params.ring); a fused call (params.fused.on), its own
+// kernels.
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream) {
+  if constexpr (kHeadDimQK == 512 && !kDense) {
+    if (params.fused.on) return launch_sparse_decode_fused(params, stream);
+  }
   if (params.ring > 0) return launch_sparse_decode_ring<kHeadDimQK, kDense>(params, stream);
   if constexpr (!kDense) {
     if (params.seesaw && params.stagger) {

@@ -34,7 +34,7 @@ namespace openmla::cuda::sm90 {
 // fp8 formats' codes by one cvt a pair, each key and Q's rows scaled by powers of two into fp16's
 // range, S and P scaled back in fp32; at d 576 the RoPE piece stays bf16); 0 not.
 template <int kHeadDimQK_, bool kDense_ = false, bool kSeesaw_ = false, bool kStagger_ = false,
-          int kRing_ = 0>
+          int kRing_ = 0, bool kFused_ = false>
 struct SparseDecodeTraits
     : attention::MlaTiles<std::conditional_t<kRing_ == 3, cute::half_t, cute::bfloat16_t>, 64, 64,
                           kHeadDimQK_, 256> {
@@ -47,10 +47,13 @@ struct SparseDecodeTraits
   static constexpr bool kSeesaw = kSeesaw_;
   static constexpr bool kStagger = kStagger_;
   static_assert(kSeesaw || !kStagger, "the stagger is an order of the seesaw");
-  // The fused V4 attention's steps (params.h SparseFusedParams) are compiled into the forms it
-  // runs: d 512 sparse mode, quantised caches (standard order, ring) and bf16 kv (the staggered
+  // kFused_: the fused V4 attention's steps (params.h SparseFusedParams), in instantiations of
+  // their own (instantiations/fused_d512_sm90.cu) so the plain kernels carry no fused code: d 512
+  // sparse mode, quantised caches (standard order, round slots) and bf16 kv (the staggered
   // seesaw; launch.cu never gives a fused launch the plain seesaw, which has no registers left).
-  static constexpr bool kFused = kHeadDimQK_ == 512 && !kDense_ && (!kSeesaw_ || kStagger_);
+  static constexpr bool kFused = kFused_;
+  static_assert(!kFused || (kHeadDimQK_ == 512 && !kDense_ && (!kSeesaw_ || kStagger_)),
+                "the fused steps exist for the d 512 sparse forms a fused call runs");
   static constexpr bool kRing = kRing_ > 0;
   static constexpr bool kSlots = kRing_ >= 2;
   static_assert(kRing_ >= 0 && kRing_ <= 3);
