@@ -5,7 +5,7 @@
 set -u
 cd "$(dirname "$0")/.."
 mkdir -p /tmp/peer && [[ -d /tmp/peer/flash_mla ]] || tar xJf .peers/flash_mla-*.tar.xz -C /tmp/peer
-export PYTHONPATH="$PWD/build-device/pypkg:/tmp/peer"
+export PYTHONPATH="$PWD/${PKG:-build-device/pypkg}:/tmp/peer"
 timeout ${NCU_TIMEOUT:-150} ncu -k regex:sparse_decode_kernel --launch-count 2 \
   --section SpeedOfLight --section WarpStateStats --section LaunchStats --section SchedulerStats \
   --section Occupancy python3 bench/fused_vs_unfused.py --only prefill --h-q 64 --quick \
