@@ -1,18 +1,24 @@
-// SM90 dense MHA prefill forward: one TMA producer thread + two wgmma warpgroups (design,
-// barrier protocol and shared-memory map: NOTES.md; compile-time choices: traits.h).
+// SM90 dense MHA prefill forward: one TMA producer thread (producer.cuh) + two wgmma
+// warpgroups (design, barrier protocol and shared-memory map: NOTES.md; tiles: traits.h).
 //
 // Grid (m_blocks, h_q, batch), 384 threads, one CTA per SM. CTA (x, h, b) serves query rows
 // [128 m, 128 m + 128) of sequence b, query head h (m = m_blocks - 1 - x: with causal masking the
 // last rows see the most keys, so the longest CTAs start first), kv head h / group. It walks
-// key blocks n = 0 .. n_end - 1, n_end the blocks its last row sees. Per block, each compute
-// warpgroup (its 64 rows) does
+// key blocks n = 0 .. n_end - 1, n_end the blocks its last row sees. Each compute warpgroup (its
+// 64 rows) computes, per block,
 //
 //   S = Q K(n)^T (ss wgmma, K from stage n % 2) -> K handed back
 //   mask keys >= the row's visible count (only on blocks that reach past the WG's first row's)
-//   m' = max(m, rowmax S); O *= e^(m - m'); l = l e^(m - m') + rowsum(P); P = e^(S - m')
+//   m' = max(m, rowmax S); P = e^(S - m'); O *= e^(m - m'); l = l e^(m - m') + rowsum(P)
 //   O += P V(n) (rs wgmma, P from registers, V read MN-major) -> V handed back
 //
-// and the epilogue writes O / l (16-byte row stores, rows past the sequence not written) and
+// in one of two orders (kPipelined):
+//   plain      the four steps in turn, each wgmma waited for at once;
+//   pipelined  FlashAttention-3's: S(n) is issued together with P(n-1) V(n-1) and the softmax
+//              of S(n) runs while that P V is in flight (intra-warpgroup overlap); the two
+//              warpgroups take turns issuing their wgmmas (named barriers kBarTurn0/1), so one's
+//              softmax overlaps the other's products (ping-pong).
+// The epilogue writes O / l (16-byte row stores, rows past the sequence not written) and
 // lse = m + ln l (natural log; -inf and O = 0 for a row that sees no key).
 #pragma once
 
@@ -33,99 +39,23 @@
 #include "cuda/sm90/attention/primitives.cuh"
 #include "cuda/sm90/attention/softmax.cuh"
 #include "cuda/sm90/mha_prefill/params.h"
+#include "cuda/sm90/mha_prefill/producer.cuh"
 #include "cuda/sm90/mha_prefill/traits.h"
 
 namespace openmla::cuda::sm90 {
 namespace mha_fwd_detail {
 using namespace attention;  // the shared device pieces (src/cuda/sm90/attention/)
 
-// Keys query row t of a sequence sees: all s_kv, or with causal masking the first
-// t + s_kv - s_q + 1 (bottom-right aligned), clamped to [0, s_kv] (cpu/mha_prefill.h).
-__device__ __forceinline__ int visible_keys(int t, int s_q, int s_kv, bool causal) {
-  if (!causal) return s_kv;
-  const int n = t + s_kv - s_q + 1;
-  return n < 0 ? 0 : (n > s_kv ? s_kv : n);
-}
-
-// One CTA's work: its sequence (first token and key, lengths), its first row in the sequence,
-// and the key blocks it walks, [0, n_end).
-struct Work {
-  int q0, s_q, kv0, s_kv;
-  int m0;
-  int n_end;
-};
-
-template <class Traits>
-__device__ __forceinline__ Work work_of(const MhaFwdParams& p, int m_block, int b) {
-  Work w;
-  w.q0 = p.cu_seqlens_q[b * p.cu_q_stride];
-  w.kv0 = p.cu_seqlens_kv[b * p.cu_kv_stride];
-  // A caller's offsets are not read on the host: a decreasing pair is an empty sequence here.
-  w.s_q = max(p.cu_seqlens_q[(b + 1) * p.cu_q_stride] - w.q0, 0);
-  w.s_kv = max(p.cu_seqlens_kv[(b + 1) * p.cu_kv_stride] - w.kv0, 0);
-  w.m0 = m_block * Traits::kBlockM;
-  w.n_end = 0;
-  if (w.m0 < w.s_q) {
-    const int last = min(w.m0 + Traits::kBlockM, w.s_q) - 1;
-    w.n_end = (visible_keys(last, w.s_q, w.s_kv, p.causal != 0) + Traits::kBlockN - 1) /
-              Traits::kBlockN;
-  }
-  return w;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Producer: one thread. Q of both warpgroups once (q_full), then each block's K and V into stage
-// n % 2 as soon as both warpgroups have handed that stage's K (resp. V) back.
-template <class Traits>
-__device__ __forceinline__ void produce(const MhaFwdParams& p,
-                                        typename Traits::SharedStorage& smem, const Work& w,
-                                        int head, int kv_head) {
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  using cute::SM90_TMA_LOAD_3D;
-  constexpr uint64_t kHintQ = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
-  // K and V of a head are read by every m block of the sequence: keep them in L2.
-  constexpr uint64_t kHintKV = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST);
-  constexpr int kPieceElemsQ = Traits::kWgRows * Traits::kPieceDims;
-  constexpr int kPieceElemsKV = Traits::kBlockN * Traits::kPieceDims;
-  if (w.n_end == 0) return;
-  cute::prefetch_tma_descriptor(&p.tma_q);
-  cute::prefetch_tma_descriptor(&p.tma_k);
-  cute::prefetch_tma_descriptor(&p.tma_v);
-  Barrier::arrive_and_expect_tx(&smem.q_full, Traits::kQBytes);
-#pragma unroll
-  for (int wg = 0; wg < 2; ++wg) {
-#pragma unroll
-    for (int c = 0; c < Traits::kQPieces; ++c) {
-      SM90_TMA_LOAD_3D::copy(&p.tma_q, &smem.q_full, kHintQ, smem.q[wg] + c * kPieceElemsQ,
-                             c * Traits::kPieceDims, head, w.q0 + w.m0 + wg * Traits::kWgRows);
-    }
-  }
-#pragma unroll 1
-  for (int n = 0; n < w.n_end; ++n) {
-    const int s = n % Traits::kStages;
-    const uint32_t phase = (n / Traits::kStages) & 1;
-    const int key0 = w.kv0 + n * Traits::kBlockN;
-    // A fresh barrier's "previous" phase counts as complete: the first pass waits for nothing.
-    cutlass::arch::ClusterBarrier::wait(&smem.k_empty[s], phase ^ 1);
-    Barrier::arrive_and_expect_tx(&smem.k_full[s], Traits::kKBytes);
-#pragma unroll
-    for (int c = 0; c < Traits::kQPieces; ++c) {
-      SM90_TMA_LOAD_3D::copy(&p.tma_k, &smem.k_full[s], kHintKV, smem.k[s] + c * kPieceElemsKV,
-                             c * Traits::kPieceDims, kv_head, key0);
-    }
-    cutlass::arch::ClusterBarrier::wait(&smem.v_empty[s], phase ^ 1);
-    Barrier::arrive_and_expect_tx(&smem.v_full[s], Traits::kVBytes);
-#pragma unroll
-    for (int c = 0; c < Traits::kVPieces; ++c) {
-      SM90_TMA_LOAD_3D::copy(&p.tma_v, &smem.v_full[s], kHintKV, smem.v[s] + c * kPieceElemsKV,
-                             c * Traits::kPieceDims, kv_head, key0);
-    }
-  }
-}
+// Named barriers of the ping-pong (ids 1, 2; 0 is __syncthreads): warpgroup w waits at
+// kBarTurn0 + w before issuing its wgmmas and lets the other one go after (256 threads each:
+// 128 waiting, 128 arriving).
+enum : uint32_t { kBarTurn0 = 1, kBarTurn1 = 2 };
+__device__ __forceinline__ void turn_wait(int wg) { bar_sync(kBarTurn0 + wg, 256); }
+__device__ __forceinline__ void turn_pass(int wg) { bar_arrive(kBarTurn0 + (1 - wg), 256); }
 
 // ---------------------------------------------------------------------------------------------
 // A compute warpgroup: its 64 rows over every block, then the epilogue.
-template <class Traits>
+template <class Traits, bool kPipelined>
 __device__ __forceinline__ void consume(const MhaFwdParams& p,
                                         typename Traits::SharedStorage& smem, const Work& w,
                                         int head, int wg, int t) {
@@ -174,14 +104,9 @@ __device__ __forceinline__ void consume(const MhaFwdParams& p,
   float m[2] = {-INFINITY, -INFINITY};  // running max of the raw logits (Q K^T)
   float l[2] = {0.f, 0.f};              // this thread's part of the row sums, in units of e^m
   clear(tOrO);
-  if (w.n_end > 0) cutlass::arch::ClusterBarrier::wait(&smem.q_full, 0);
 
-#pragma unroll 1
-  for (int n = 0; n < w.n_end; ++n) {
-    const int s = n % Traits::kStages;
-    const uint32_t phase = (n / Traits::kStages) & 1;
-    // S = Q K^T over d_qk / 16 k-steps.
-    cutlass::arch::ClusterBarrier::wait(&smem.k_full[s], phase);
+  // S = Q K^T of stage s over d_qk / 16 k-steps, issued and committed (not waited for).
+  auto issue_qk = [&](int s) {
     Tensor tSrKs = at_offset(tSrK, s * Traits::kKBytes);
     warpgroup_fence_operand(tSrS);
     warpgroup_arrive();
@@ -191,12 +116,12 @@ __device__ __forceinline__ void consume(const MhaFwdParams& p,
       gemm(mma_qk, tSrQ(_, _, kk), tSrKs(_, _, kk), tSrS);
     }
     warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-    release_part(&smem.k_empty[s], lane);
-
-    // Keys this row does not see (causal, past the sequence's keys: those are the next
-    // sequence's rows or the map's zero fill) -> -inf, so P is exactly 0 there.
+  };
+  // Block n's S (landed) -> P = e^(S - m') in place, m updated; scale_old = e^(m - m') for O
+  // and l, tile_sum this thread's part of P's row sums. A row that has seen no key keeps
+  // m = -inf and P = 0 (max_base); masked keys (causal, past the sequence's keys: those are the
+  // next sequence's rows or the map's zero fill) are -inf, so P is exactly 0 there.
+  auto softmax = [&](int n, float (&scale_old)[2], float (&tile_sum)[2]) {
     if ((n + 1) * kN > lim_first) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -206,9 +131,7 @@ __device__ __forceinline__ void consume(const MhaFwdParams& p,
         }
       }
     }
-
-    // Online softmax. A row that has seen no key keeps m = -inf, P = 0 (max_base).
-    float scale_old[2], base[2], tile_sum[2];
+    float base[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float m_new = fmaxf(m[i], quad_max(row_reduce<true>(S, i)));
@@ -217,17 +140,76 @@ __device__ __forceinline__ void consume(const MhaFwdParams& p,
       base[i] = max_base(m_new, sl2);
     }
     exp_rows(S, base, sl2, tile_sum);
+  };
+  auto rescale = [&](const float (&scale_old)[2], const float (&tile_sum)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) l[i] = l[i] * scale_old[i] + tile_sum[i];
     rescale_rows(O, scale_old);
-    pack_p<Element>(tSrS, tOrP);
+  };
+  auto stage_of = [](int n) { return n % Traits::kStages; };
+  auto phase_of = [](int n) { return static_cast<uint32_t>((n / Traits::kStages) & 1); };
 
-    // O += P V.
-    cutlass::arch::ClusterBarrier::wait(&smem.v_full[s], phase);
-    Tensor tOrVs = at_offset(tOrV, s * Traits::kVBytes);
-    gemm_pv(mma_pv, tOrP, tOrVs, tOrO);
-    wait_pv(tOrO, tOrP);
-    release_part(&smem.v_empty[s], lane);
+  if (w.n_end > 0) {
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full, 0);
+    float scale_old[2], tile_sum[2];
+    if constexpr (!kPipelined) {
+#pragma unroll 1
+      for (int n = 0; n < w.n_end; ++n) {
+        const int s = stage_of(n);
+        cutlass::arch::ClusterBarrier::wait(&smem.k_full[s], phase_of(n));
+        issue_qk(s);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        release_part(&smem.k_empty[s], lane);
+        softmax(n, scale_old, tile_sum);
+        rescale(scale_old, tile_sum);
+        pack_p<Element>(tSrS, tOrP);
+        cutlass::arch::ClusterBarrier::wait(&smem.v_full[s], phase_of(n));
+        gemm_pv(mma_pv, tOrP, at_offset(tOrV, s * Traits::kVBytes), tOrO);
+        wait_pv(tOrO, tOrP);
+        release_part(&smem.v_empty[s], lane);
+      }
+    } else {
+      // Turns: each warpgroup issues n_end + 1 times (S(0); S(n) with P V(n-1) for n >= 1; the
+      // last P V), WG0 first. WG1 passes once up front and skips its last pass, so every wait
+      // at a barrier meets exactly one pass of the other warpgroup (none is left pending).
+      if (wg == 1) turn_pass(wg);
+      cutlass::arch::ClusterBarrier::wait(&smem.k_full[0], 0);
+      turn_wait(wg);
+      issue_qk(0);
+      turn_pass(wg);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      release_part(&smem.k_empty[0], lane);
+      softmax(0, scale_old, tile_sum);
+      rescale(scale_old, tile_sum);  // O is 0, scale_old 0: l = tile_sum
+      pack_p<Element>(tSrS, tOrP);
+#pragma unroll 1
+      for (int n = 1; n < w.n_end; ++n) {
+        const int s = stage_of(n), sp = stage_of(n - 1);
+        cutlass::arch::ClusterBarrier::wait(&smem.k_full[s], phase_of(n));
+        turn_wait(wg);
+        issue_qk(s);
+        cutlass::arch::ClusterBarrier::wait(&smem.v_full[sp], phase_of(n - 1));
+        gemm_pv(mma_pv, tOrP, at_offset(tOrV, sp * Traits::kVBytes), tOrO);
+        turn_pass(wg);
+        warpgroup_wait<1>();  // S(n) done; P(n-1) V(n-1) may still run
+        warpgroup_fence_operand(tSrS);
+        release_part(&smem.k_empty[s], lane);
+        softmax(n, scale_old, tile_sum);  // S's registers only: P and O are the wgmma's
+        wait_pv(tOrO, tOrP);
+        release_part(&smem.v_empty[sp], lane);
+        rescale(scale_old, tile_sum);
+        pack_p<Element>(tSrS, tOrP);
+      }
+      const int sl = stage_of(w.n_end - 1);
+      cutlass::arch::ClusterBarrier::wait(&smem.v_full[sl], phase_of(w.n_end - 1));
+      turn_wait(wg);
+      gemm_pv(mma_pv, tOrP, at_offset(tOrV, sl * Traits::kVBytes), tOrO);
+      if (wg == 0) turn_pass(wg);
+      wait_pv(tOrO, tOrP);
+      release_part(&smem.v_empty[sl], lane);
+    }
   }
 
   // Epilogue: O / l and lse per row; rows past the sequence's queries are not written.
@@ -251,7 +233,7 @@ __device__ __forceinline__ void consume(const MhaFwdParams& p,
 
 }  // namespace mha_fwd_detail
 
-template <class Traits>
+template <class Traits, bool kPipelined>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     mha_fwd_kernel(const __grid_constant__ MhaFwdParams params) {
   using namespace mha_fwd_detail;
@@ -287,16 +269,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (thread == 256) produce<Traits>(params, smem, w, head, head / params.group);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
-    consume<Traits>(params, smem, w, head, wg, thread % 128);
+    consume<Traits, kPipelined>(params, smem, w, head, wg, thread % 128);
   }
 }
 
-// The launch of one instantiation (instantiations/*.cu instantiate it per Element x d_qk).
-template <typename Element, int kHeadDimQK>
+// The launch of one instantiation (instantiations/*.cu instantiate it per Element x d_qk, both
+// orders).
+template <typename Element, int kHeadDimQK, bool kPipelined>
 cudaError_t launch_mha_fwd_kernel(const MhaFwdParams& params, int m_blocks, int h_q, int batch,
                                   cudaStream_t stream) {
   using Traits = MhaFwdTraits<Element, kHeadDimQK>;
-  auto kernel = mha_fwd_kernel<Traits>;
+  auto kernel = mha_fwd_kernel<Traits, kPipelined>;
   if (const cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
