@@ -23,6 +23,7 @@ def _close(got, ref, what):
     got, ref = got.detach().float().cpu(), ref.detach().float()
     finite = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(got), finite), f"{what}: -inf / non-finite entries differ"
+    assert torch.equal(got[~finite], ref[~finite]), f"{what}: non-finite entries differ (NaN?)"
     err = (got[finite] - ref[finite]).norm() / ref[finite].norm().clamp_min(1e-30)
     assert err < 1e-2, f"{what}: relative L2 error {float(err):.3e}"
 
