@@ -169,6 +169,10 @@ def main(argv) -> int:
                 rows.append(row(s, h, d_qk, causal, args.rounds, gen))
                 print_row(rows[-1])
                 torch.cuda.empty_cache()
+    bad = [r for r in rows if r.get("rel_err_vs_best", 0.0) > 2e-2]
+    for r in bad:
+        print(f"MISMATCH: s {r['s']} h {r['h']} d {r['d_qk']} causal {r['causal']}: relative "
+              f"error {r['rel_err_vs_best']:.2e} against torch {r['torch_best']}")
     ratios = [r["speedup"] for r in rows if "speedup" in r]
     if ratios:
         print(f"\ngeometric mean speedup over torch's fastest backend ({len(ratios)} rows): "
@@ -180,7 +184,7 @@ def main(argv) -> int:
         with open(args.json, "w") as f:
             json.dump([dict(r, **meta) for r in rows], f, indent=1)
         print(f"\nwrote {len(rows)} rows to {args.json}")
-    return 0
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

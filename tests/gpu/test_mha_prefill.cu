@@ -35,6 +35,7 @@ struct MhaGpuCase {
   bool lse_flashmla = true;  // lse strides (1, total_q); else row-major with a gap per row
   bool strided = false;      // q, k, v, out with padded strides (gaps between heads and tokens)
   float scale = 0.f;         // 0: the default, d_qk^-0.5
+  int64_t extra_max = 0;     // max_seqlen_q / _kv this much above the longest (extra CTAs exit)
   uint64_t seed = 1;
   std::string name() const {
     auto list = [](const std::vector<int64_t>& v) {
@@ -46,7 +47,8 @@ struct MhaGpuCase {
            " h_kv " + std::to_string(h_kv) + " d_qk " + std::to_string(d_qk) + " " +
            dtype_name(dtype) + (causal ? " causal" : "") +
            (lse_flashmla ? " lse(1,total)" : " lse row-major") + (strided ? " strided" : "") +
-           " seed " + std::to_string(seed);
+           (extra_max ? " max +" + std::to_string(extra_max) : "") + " seed " +
+           std::to_string(seed);
   }
 };
 
@@ -112,8 +114,8 @@ struct MhaGpuProblem {
                          const TensorView& l) const {
     MhaPrefillArgs a;
     a.q = q_, a.k = k_, a.v = v_, a.cu_seqlens_q = cq, a.cu_seqlens_kv = ckv, a.out = o, a.lse = l;
-    a.max_seqlen_q = *std::max_element(c.seq_q.begin(), c.seq_q.end());
-    a.max_seqlen_kv = *std::max_element(c.seq_kv.begin(), c.seq_kv.end());
+    a.max_seqlen_q = *std::max_element(c.seq_q.begin(), c.seq_q.end()) + c.extra_max;
+    a.max_seqlen_kv = *std::max_element(c.seq_kv.begin(), c.seq_kv.end()) + c.extra_max;
     a.causal = c.causal;
     a.softmax_scale = c.scale;
     return a;
@@ -262,6 +264,25 @@ TEST(MhaPrefillGpu, SmallLseLayoutsStridesAndScale) {
   }
   c.scale = 0.37f, ++c.seed;
   check(c);
+}
+
+// Many short sequences (0 to 40 tokens, keys 0 to 150): sequence boundaries inside every TMA box,
+// zero-length queries and keys, lengths below and above one 128-row block; max_seqlen above the
+// longest (CTAs past every sequence exit).
+TEST(MhaPrefillGpu, SmallManyShortSequences) {
+  Rng rng(77);
+  MhaGpuCase c;
+  for (int i = 0; i < 40; ++i) {
+    c.seq_q.push_back(rng.coin(0.15) ? 0 : rng.randint(1, 40));
+    c.seq_kv.push_back(rng.coin(0.15) ? 0 : rng.randint(1, 150));
+  }
+  c.h_q = 4, c.h_kv = 1, c.extra_max = 200;
+  for (int64_t d : {192, 128}) {
+    for (bool causal : {false, true}) {
+      c.d_qk = d, c.causal = causal, ++c.seed;
+      check(c);
+    }
+  }
 }
 
 TEST(MhaPrefillGpu, SmallMisalignedStridesRefused) {
