@@ -144,7 +144,7 @@ __device__ __forceinline__ void consume(const MhaFwdParams& p,
   auto rescale = [&](const float (&scale_old)[2], const float (&tile_sum)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) l[i] = l[i] * scale_old[i] + tile_sum[i];
-    rescale_rows(O, scale_old);
+    rescale_rows_if(O, scale_old);  // skipped where no row's max moved (exact)
   };
   auto stage_of = [](int n) { return n % Traits::kStages; };
   auto phase_of = [](int n) { return static_cast<uint32_t>((n / Traits::kStages) & 1); };
