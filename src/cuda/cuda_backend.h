@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/validate.h"
+#include "core/validate_mha.h"
 #include "core/validate_convert.h"
 #include "core/validate_fused.h"
 #include "openmla/kv_convert.h"
@@ -46,5 +47,7 @@ Status plan_decode_schedule(const DecodeScheduleArgs& args, const core::DecodeSc
                             Stream stream);
 Status decode_num_sm_parts(int device_index, int s_q, int h_q, int h_kv, int* num_sm_parts);
 Status device_arch(int device_index, int* sm_arch);
+// Dense MHA prefill forward (mha_backend.cc: the SM90 kernel of sm90/mha_prefill/).
+Status mha_prefill(const MhaPrefillArgs& args, const core::MhaPrefillShape& shape, Stream stream);
 
 }  // namespace openmla::cuda

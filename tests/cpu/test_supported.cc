@@ -21,6 +21,8 @@ TEST(Sm90Supported, DenseDecodeKernels) {
   EXPECT_TRUE(supports("sparse_decode", DType::kBF16, 576));
   EXPECT_FALSE(supports("sparse_decode", DType::kFP16, 576));
   EXPECT_FALSE(supports("dense_prefill", DType::kBF16, 576));  // no row: no kernel
+  EXPECT_TRUE(supports("mha_prefill", DType::kFP16, 128));
+  EXPECT_FALSE(supports("mha_prefill", DType::kBF16, 256));
   EXPECT_TRUE(supports("merge_attention_states", DType::kFP32, 0));  // any shape validation takes
 }
 
@@ -31,7 +33,8 @@ TEST(Sm90Supported, Messages) {
   EXPECT_EQ(family_support("dense_prefill"), nullptr);
   EXPECT_EQ(supported_ops(),
             "dense_decode (bf16 d_qk 576/512, fp16 d_qk 576/512), sparse_decode (bf16 d_qk "
-            "576/512), sparse_prefill (bf16 d_qk 576/512), merge_attention_states, "
+            "576/512), sparse_prefill (bf16 d_qk 576/512), mha_prefill (bf16 d_qk 192/128, fp16 "
+            "d_qk 192/128), merge_attention_states, "
             "kv_cache_write, kv_cache_gather, kv_cache_convert, plan_decode_schedule");
 }
 

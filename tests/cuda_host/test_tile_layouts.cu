@@ -6,6 +6,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/sm90/attention/mla_tiles.h"
+#include "cuda/sm90/mha_prefill/traits.h"
 #include "cuda/sm90/sparse_decode/traits.h"
 
 namespace {
@@ -97,6 +98,69 @@ TEST(TileLayouts, RingRoundsAreTheProducersAddresses) {
   check_rounds<512, 1>();
   check_rounds<576, 2>();
   check_rounds<512, 2>();
+}
+
+// Dense MHA prefill forward (mha_prefill/producer.cuh): TMA writes row r (query or key) of a
+// 64-dim piece p of a box of `rows` rows at byte p * rows * 128 + 128 r + 16 (c ^ (r % 8)) for
+// dims [8 c, 8 c + 8) (128 B swizzle). Q (64 rows a warpgroup) and K (128 keys) must read those
+// bytes as their K-major layouts, and V (dims x keys) the same bytes of its pieces transposed.
+template <int kD>
+void check_mha_tiles() {
+  using T = openmla::cuda::sm90::MhaFwdTraits<bfloat16_t, kD>;
+  const uintptr_t base = uintptr_t(1) << 20;
+  auto addr = [](auto const& ref) { return reinterpret_cast<uintptr_t>(raw_pointer_cast(&ref)); };
+  auto tma_byte = [](int rows, int r, int dim) {
+    const int piece = dim / 64, c = (dim % 64) / 8;
+    return piece * rows * 128 + 128 * r + 16 * (c ^ (r % 8)) + 2 * (dim % 8);
+  };
+  bfloat16_t* p = reinterpret_cast<bfloat16_t*>(base);
+  auto q = make_tensor(make_smem_ptr(p), typename T::SmemLayoutQ{});
+  auto k = make_tensor(make_smem_ptr(p), typename T::SmemLayoutK{});
+  auto v = make_tensor(make_smem_ptr(p), typename T::SmemLayoutV{});
+  static_assert(decltype(size<0>(q))::value == 64 && decltype(size<1>(q))::value == kD);
+  static_assert(decltype(size<0>(k))::value == 128 && decltype(size<1>(k))::value == kD);
+  static_assert(decltype(size<0>(v))::value == 128 && decltype(size<1>(v))::value == 128);
+  for (int dim = 0; dim < kD; ++dim) {
+    for (int r = 0; r < 64; ++r) {
+      ASSERT_EQ(static_cast<int>(addr(q(r, dim)) - base), tma_byte(64, r, dim))
+          << "d " << kD << " Q row " << r << " dim " << dim;
+    }
+    for (int key = 0; key < 128; ++key) {
+      ASSERT_EQ(static_cast<int>(addr(k(key, dim)) - base), tma_byte(128, key, dim))
+          << "d " << kD << " K key " << key << " dim " << dim;
+      if (dim < 128) {
+        ASSERT_EQ(static_cast<int>(addr(v(dim, key)) - base), tma_byte(128, key, dim))
+            << "d " << kD << " V dim " << dim << " key " << key;
+      }
+    }
+  }
+  // The producer's piece strides (producer.cuh) and the stage strides (kernel.cuh at_offset).
+  static_assert(T::kQWgElems == 64 * kD && T::kKElems == 128 * kD && T::kVElems == 128 * 128);
+  static_assert(T::kKBytes % 1024 == 0 && T::kVBytes % 1024 == 0);
+}
+
+TEST(TileLayouts, MhaPrefillTilesAreTheTmaBoxes) {
+  check_mha_tiles<192>();
+  check_mha_tiles<128>();
+}
+
+// P = the S accumulator (m64n128, fp32) packed two values a 32-bit word in its register order
+// (attention/softmax.cuh pack_p) must be the A fragment of P V (m64 x k128, 16-bit, 8 k-blocks):
+// value v of thread t in S and value v of thread t in A hold the same (row, key).
+TEST(TileLayouts, MhaPrefillAccumulatorIsThePvAFragment) {
+  using T = openmla::cuda::sm90::MhaFwdTraits<bfloat16_t, 192>;
+  typename T::TiledMmaQK mma_qk;
+  typename T::TiledMmaPV mma_pv;
+  auto id = make_identity_tensor(Shape<_64, _128>{});
+  for (int t = 0; t < 128; ++t) {
+    auto c = mma_qk.get_thread_slice(t).partition_C(id);
+    auto a = mma_pv.get_thread_slice(t).partition_A(id);
+    ASSERT_EQ(int(size(c)), int(size(a)));
+    for (int v = 0; v < int(size(c)); ++v) {
+      ASSERT_EQ(get<0>(c(v)), get<0>(a(v))) << "thread " << t << " value " << v << " row";
+      ASSERT_EQ(get<1>(c(v)), get<1>(a(v))) << "thread " << t << " value " << v << " key";
+    }
+  }
 }
 
 }  // namespace

@@ -37,6 +37,11 @@ inline constexpr KernelShape kDenseDecodeKernels[] = {
 // d_qk 576 (fp8_v32 and bf16 caches) and 512 (fp8_model1, fp8_mx, fp4 and bf16 caches).
 inline constexpr KernelShape kSparseKernels[] = {{DType::kBF16, 576}, {DType::kBF16, 512}};
 
+// Dense MHA prefill forward (mha_prefill/instantiations): bf16 and fp16, d_qk 192 and 128
+// (d_v 128).
+inline constexpr KernelShape kMhaPrefillKernels[] = {
+    {DType::kBF16, 192}, {DType::kBF16, 128}, {DType::kFP16, 192}, {DType::kFP16, 128}};
+
 struct FamilySupport {
   const char* op;
   const KernelShape* kernels;  // null: one kernel for whatever core validation accepts
@@ -48,6 +53,7 @@ inline constexpr FamilySupport kSupported[] = {
     {"dense_decode", kDenseDecodeKernels, std::size(kDenseDecodeKernels)},
     {"sparse_decode", kSparseKernels, std::size(kSparseKernels)},
     {"sparse_prefill", kSparseKernels, std::size(kSparseKernels)},
+    {"mha_prefill", kMhaPrefillKernels, std::size(kMhaPrefillKernels)},
     {"merge_attention_states", nullptr, 0},
     {"kv_cache_write", nullptr, 0},
     {"kv_cache_gather", nullptr, 0},
