@@ -7,6 +7,9 @@
 #include "core/validate_mha.h"
 #include "cpu/mha_prefill.h"
 #include "openmla/ops.h"
+#ifdef OPENMLA_WITH_CUDA
+#include "cuda/sm90/mha_prefill/backward/launch.h"
+#endif
 
 namespace openmla {
 namespace {
@@ -27,11 +30,30 @@ Status mha_prefill(const MhaPrefillArgs& args, [[maybe_unused]] Stream stream) {
   return cpu::mha_prefill(args, shape);
 }
 
+size_t mha_prefill_backward_workspace_size([[maybe_unused]] Device device,
+                                           [[maybe_unused]] int64_t total_q,
+                                           [[maybe_unused]] int64_t total_kv,
+                                           [[maybe_unused]] int64_t h_q,
+                                           [[maybe_unused]] int64_t h_kv,
+                                           [[maybe_unused]] int64_t d_qk,
+                                           [[maybe_unused]] int64_t d_v) {
+#ifdef OPENMLA_WITH_CUDA
+  if (device.type == DeviceType::kCUDA) {
+    return cuda::sm90::mha_prefill_backward_workspace_size(total_q, h_q, d_qk);
+  }
+#endif
+  return 0;  // the CPU backend needs none
+}
+
 Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, [[maybe_unused]] Stream stream) {
   core::MhaPrefillShape shape;
   OPENMLA_RETURN_IF_ERROR(core::validate_mha_prefill_backward(args, &shape));
   if (shape.device.type != DeviceType::kCPU) {
+#ifdef OPENMLA_WITH_CUDA
+    return cuda::sm90::mha_prefill_backward(args, shape, static_cast<cudaStream_t>(stream));
+#else
     return no_gpu_kernel("mha_prefill_backward", shape.device);
+#endif
   }
   return cpu::mha_prefill_backward(args, shape);
 }
