@@ -1,7 +1,6 @@
-// The wgmma plumbing of the backward main kernel (NOTES.md): one product issued over all its
-// k-blocks as one committed group, the accumulator-to-A-operand register view (P^T and dS^T go
-// from the S / dP accumulators straight into dV's and dK's wgmma), and the tile loads by
-// cp.async with zero fill past the sequence.
+// The wgmma and load plumbing of the backward main kernel (NOTES.md): one product issued over
+// all its k-blocks as one committed group, and the tile loads by cp.async with zero fill past
+// the sequence.
 #pragma once
 
 #include <cstdint>
@@ -50,18 +49,6 @@ __device__ __forceinline__ void issue_gemm(Mma& mma, TA& a, TB& b, TC& c) {
   warpgroup_commit_batch();
   warpgroup_fence_operand(c);
   if constexpr (kARegs) warpgroup_fence_operand(a);
-}
-
-// A 16-bit accumulator copy ((2, 2, N/8), M, N) read as the A operand of a wgmma whose K is this
-// accumulator's N: ((2, 2, 2), M, N/16). The thread holding C(m, n) holds A(m, k = n): the two
-// halves of a 16-wide k-block are the accumulator's n-blocks 2j and 2j + 1.
-template <class Layout>
-__device__ __forceinline__ auto acc_as_a_operand(Layout const& acc) {
-  using namespace cute;
-  static_assert(decltype(rank(acc))::value == 3 && decltype(rank<0>(acc))::value == 3);
-  auto nblocks = logical_divide(get<0, 2>(acc), Tile<_2>{});  // ((2, N/16))
-  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(nblocks)),
-                     get<1>(acc), coalesce(make_layout(get<0, 1>(nblocks), get<2>(acc))));
 }
 
 // Rows [0, kRows) x cols [0, kCols) of a 16-bit [rows, kCols] tile at `src` (row stride in
