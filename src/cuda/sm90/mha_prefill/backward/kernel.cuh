@@ -150,14 +150,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int h = g * p.group + it / m_count;
       const int m0 = (m_first + it % m_count) * kM;
       // (key, query) of each S^T / dP^T accumulator element, (query, dim) of each dQ one, from
-      // the thread index passed through an empty asm: recomputed each iteration (a few integer
-      // ops) instead of 100+ coordinates and shared addresses hoisted into live registers.
-      int tid_now = tid;
-      asm volatile("" : "+r"(tid_now));
-      Tensor tScS = mma_sdp.get_thread_slice(tid_now).partition_C(
-          make_identity_tensor(Shape<Int<kN>, Int<kM>>{}));
-      Tensor tdQcdQ = mma_dq.get_thread_slice(tid_now).partition_C(
-          make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
+      // the thread index passed through an empty asm at each use: recomputed where needed (a
+      // few integer ops) instead of 100+ coordinates and swizzled shared addresses held live
+      // across the products (spills).
+      auto fresh_tid = [&] {
+        int t = tid;
+        asm volatile("" : "+r"(t));
+        return t;
+      };
+      auto s_coords = [&] {
+        return mma_sdp.get_thread_slice(fresh_tid()).partition_C(
+            make_identity_tensor(Shape<Int<kN>, Int<kM>>{}));
+      };
       Element* sQs = sQ + stage * kM * kD;
       Element* sdOs = sdO + stage * kM * kDv;
       const float* lse2 = s_lse + stage * kM;
@@ -177,6 +181,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       // P^T = exp2(S^T scale log2e - lse log2e) where the query sees the key, else 0; its
       // 16-bit copy as (query, key) into sP.
+      Tensor tScS = s_coords();
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
         const int row = get<0>(tScS(i));
@@ -185,7 +190,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int t = m0 + col;
         const bool visible = key < s_kv && t < s_q && (!p.causal || key <= t + diag);
         const float x = tSrS(i) * p.scale_log2 - lse2[col];
-        sP[LayoutDS{}(col, row)] = Element(visible ? attention::exp2_approx(x) : 0.f);
+        *smem_at<LayoutDS>(sP, col, row) = Element(visible ? attention::exp2_approx(x) : 0.f);
       }
       issue_gemm<true>(mma_sdp, tdPrV, tdPrdO, tdPrdP);
       warpgroup_wait<0>();
@@ -193,11 +198,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       // dS^T = P^T (dP^T - D) with P^T read back from sP (this thread's own stores), as
       // (query, key) into sdS.
+      Tensor tdPcdP = s_coords();
       CUTE_UNROLL
       for (int i = 0; i < size(tdPrdP); ++i) {
-        const int col = get<1>(tScS(i));
-        const int at = LayoutDS{}(col, get<0>(tScS(i)));
-        sdS[at] = Element(static_cast<float>(sP[at]) * (tdPrdP(i) - delta[col]));
+        const int col = get<1>(tdPcdP(i));
+        const int row = get<0>(tdPcdP(i));
+        const float p_val = static_cast<float>(*smem_at<LayoutDS>(sP, col, row));
+        *smem_at<LayoutDS>(sdS, col, row) = Element(p_val * (tdPrdP(i) - delta[col]));
       }
       attention::fence_async_smem();  // this thread's P and dS stores, to wgmma
       __syncthreads();                // every thread's (dQ reads both warpgroups' keys)
@@ -212,6 +219,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_fence_operand(tdQrdQ);
       // Elements 2j, 2j + 1 of a wgmma accumulator are columns c, c + 1 of one row.
       float* acc = p.dq_accum + (static_cast<int64_t>(h) * p.total_q + q0 + m0) * kD;
+      Tensor tdQcdQ = mma_dq.get_thread_slice(fresh_tid())
+                          .partition_C(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
       CUTE_UNROLL
       for (int i = 0; i < size(tdQrdQ); i += 2) {
         const int row = get<0>(tdQcdQ(i));

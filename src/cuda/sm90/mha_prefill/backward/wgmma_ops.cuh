@@ -51,6 +51,16 @@ __device__ __forceinline__ void issue_gemm(Mma& mma, TA& a, TB& b, TC& c) {
   if constexpr (kARegs) warpgroup_fence_operand(a);
 }
 
+// Address of element (row, col) of a shared-memory tile at `base` laid out by `Layout`. The
+// swizzle of the GMMA layouts acts on the smem pointer, not on the layout's integer offsets:
+// `Layout{}(row, col)` alone would be the unswizzled offset (tests/cuda_host checks both).
+template <class Layout, class Element>
+__host__ __device__ __forceinline__ Element* smem_at(Element* base, int row, int col) {
+  using namespace cute;
+  auto tile = make_tensor(make_smem_ptr(base), Layout{});
+  return raw_pointer_cast(&tile(row, col));
+}
+
 // Rows [0, kRows) x cols [0, kCols) of a 16-bit [rows, kCols] tile at `src` (row stride in
 // elements, 16 B aligned rows) into shared memory at `dst` laid out by `Layout`, 16 B a
 // cp.async; rows >= `valid_rows` are zero-filled (nothing read: their source is row 0).
@@ -67,8 +77,8 @@ __device__ __forceinline__ void load_tile(Element* dst, const Element* src, int6
     const int col = (c % kChunksPerRow) * 8;
     const bool valid = row < valid_rows;
     const Element* from = src + (valid ? row * row_stride : 0) + col;
-    // 8 consecutive elements starting on a multiple of 8 stay together under every swizzle.
-    attention::cp_async16_u32(attention::smem_u32(dst + Layout{}(row, col)), from, valid);
+    // 8 consecutive elements from a multiple of 8 stay together under every swizzle.
+    attention::cp_async16_u32(attention::smem_u32(smem_at<Layout>(dst, row, col)), from, valid);
   }
 }
 
