@@ -53,19 +53,22 @@ struct BwdTraits {
   using LayoutDS = decltype(cute::tile_to_shape(
       Atom128{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
   // Transposed views of the same bytes (the view, not the memory, is transposed): element (x, y)
-  // of the view is element (y, x) of the stored tile, read MN-major by wgmma.
-  using LayoutQt = decltype(cute::composition(
-      LayoutQ{}, cute::make_layout(cute::Shape<cute::Int<kDqk>, cute::Int<kBlockM>>{},
-                                   cute::Stride<cute::Int<kBlockM>, cute::_1>{})));
-  using LayoutDOt = decltype(cute::composition(
-      LayoutDO{}, cute::make_layout(cute::Shape<cute::Int<kDv>, cute::Int<kBlockM>>{},
-                                    cute::Stride<cute::Int<kBlockM>, cute::_1>{})));
-  using LayoutDSt = decltype(cute::composition(
-      LayoutDS{}, cute::make_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{},
-                                    cute::Stride<cute::Int<kBlockM>, cute::_1>{})));
-  using LayoutKt = decltype(cute::composition(
-      LayoutK{}, cute::make_layout(cute::Shape<cute::Int<kDqk>, cute::Int<kBlockN>>{},
-                                   cute::Stride<cute::Int<kBlockN>, cute::_1>{})));
+  // of the view is element (y, x) of the stored tile, read MN-major by wgmma. Built as native
+  // MN-major atoms of the stored atom's width, running along the stored rows first (Step<2, 1>),
+  // as attention/mla_tiles.h builds V; tests/cuda_host/test_mha_bwd_layouts.cu checks every
+  // element against the stored tile.
+  template <int w>
+  using AtomMN = std::conditional_t<
+      w % 64 == 0, cute::GMMA::Layout_MN_SW128_Atom<Element>,
+      std::conditional_t<w % 32 == 0, cute::GMMA::Layout_MN_SW64_Atom<Element>,
+                         cute::GMMA::Layout_MN_SW32_Atom<Element>>>;
+  template <class AtomT, int kRowsT, int kColsT>
+  using Transposed = decltype(cute::tile_to_shape(
+      AtomT{}, cute::Shape<cute::Int<kRowsT>, cute::Int<kColsT>>{}, cute::Step<cute::_2, cute::_1>{}));
+  using LayoutQt = Transposed<AtomMN<kDqk * kWgAlongKeys / 2>, kDqk, kBlockM>;
+  using LayoutDOt = Transposed<AtomMN<kDv * kWgAlongKeys / 2>, kDv, kBlockM>;
+  using LayoutKt = Transposed<AtomMN<kDqk / 2>, kDqk, kBlockN>;
+  using LayoutDSt = Transposed<cute::GMMA::Layout_MN_SW128_Atom<Element>, kBlockN, kBlockM>;
 
   // Byte offsets of the regions (Q and dO double-buffered).
   static constexpr size_t kBytesQ = size_t(kBlockM) * kDqk * 2;
