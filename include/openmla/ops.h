@@ -219,6 +219,9 @@ Status mha_prefill(const MhaPrefillArgs& args, Stream stream = nullptr);
 // The gradients of mha_prefill's out with respect to q, k and v, given dout and the forward's
 // out and lse. Sums in float32 or better; with GQA, dk and dv sum over the query heads of each kv
 // head. Every element of dq, dk and dv is written (keys no query sees: 0).
+// CUDA (SM90): d_qk 128|192, d_v 128; q, k, v, dout rows 16-byte aligned (strides multiples of 8
+// elements); dq is accumulated in float32 inside `workspace`, dk and dv without atomics (the
+// query heads of a kv head are summed in order: deterministic).
 struct MhaPrefillBackwardArgs {
   TensorView dout;           // [total_q, h_q, d_v] q's dtype, last dim contiguous
   TensorView q, k, v;        // as in MhaPrefillArgs
@@ -233,7 +236,12 @@ struct MhaPrefillBackwardArgs {
   TensorView dq;             // [total_q, h_q, d_qk] q's dtype or fp32, last dim contiguous
   TensorView dk;             // [total_kv, h_kv, d_qk] q's dtype or fp32, last dim contiguous
   TensorView dv;             // [total_kv, h_kv, d_v] q's dtype or fp32, last dim contiguous
+  Workspace workspace;       // CUDA: mha_prefill_backward_workspace_size bytes (CPU: none)
 };
+// Bytes of workspace a call of this shape needs on `device` (0 on the CPU): on CUDA, the fp32 dq
+// accumulator and D = rowsum(dout * out), 4 * total_q * h_q * (d_qk + 1) bytes and alignment.
+size_t mha_prefill_backward_workspace_size(Device device, int64_t total_q, int64_t total_kv,
+                                           int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v);
 Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 MLA in its non-absorbed form: multi-head attention over variable-length sequences packed along
 the token dim, d_qk 192 or 128, d_v 128, bf16 or fp16, optional causal mask (bottom-right
 aligned), GQA. Forward and backward take numpy arrays or torch tensors; torch autograd goes
-through openmla.flash_mla.flash_attn_varlen_func (an autograd.Function). CPU backend only: CUDA
-tensors raise NotImplementedError until the GPU kernel lands.
+through openmla.flash_mla.flash_attn_varlen_func (an autograd.Function). The backward runs on
+SM90 GPUs too (its workspace allocated per call on the tensors' device); the forward on CUDA
+tensors raises NotImplementedError until its GPU kernel lands.
 """
 
 from __future__ import annotations
@@ -123,11 +124,18 @@ def mha_prefill_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv,
         else:
             _api._check_out(op, name, given, (fw.dtype_name(q), "fp32"), shape)
         grads.append(given)
-    _api._device(frame, q, op, "q")
+    device = _api._device(frame, q, op, "q")
+    # CUDA: the fp32 dq accumulator and D = rowsum(dout * out), allocated for this call on q's
+    # device (none on the CPU).
+    total_q, h_q, d_qk = _api._shape(q)
+    total_kv, h_kv, _ = _api._shape(k)
+    ws = _C.mha_prefill_backward_workspace_size(device[0], device[1], total_q, total_kv, h_q,
+                                                h_kv, d_qk, _api._shape(v)[2])
+    workspace = _api._workspace(frame, q, ws, None, op, device)
     with frame.guard(q):
         _C.mha_prefill_backward(
             fw.to_c(dout), fw.to_c(q), fw.to_c(k), fw.to_c(v), fw.to_c(out), fw.to_c(lse),
             fw.to_c(cu_seqlens_q), fw.to_c(cu_seqlens_kv), *(fw.to_c(g) for g in grads),
             max_seqlen_q=max_q, max_seqlen_kv=max_kv, causal=causal, softmax_scale=scale,
-            stream=_api._stream(frame, q, stream))
+            workspace=fw.to_c(workspace), stream=_api._stream(frame, q, stream))
     return tuple(grads)

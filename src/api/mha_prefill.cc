@@ -1,6 +1,6 @@
 // The public entry points of dense MHA prefill: validate through core, run the CPU backend on CPU
-// tensors and the CUDA backend's SM90 forward kernel on CUDA tensors. The backward has no GPU
-// kernel yet: CUDA tensors get NotImplemented there, never a silent CPU fallback.
+// tensors and the SM90 kernels on CUDA tensors (forward and backward), never a silent CPU
+// fallback; a build without the CUDA backend refuses CUDA tensors (UnsupportedDevice).
 #include <string>
 
 #include "core/str_cat.h"
@@ -10,15 +10,18 @@
 #include "cuda/cuda_backend.h"
 #endif
 #include "openmla/ops.h"
+#ifdef OPENMLA_WITH_CUDA
+#include "cuda/sm90/mha_prefill/backward/launch.h"
+#endif
 
 namespace openmla {
 namespace {
 
-Status no_gpu_kernel(const char* op, Device device) {
-  return Status::NotImplemented(core::str_cat(
+[[maybe_unused]] Status no_cuda_backend(const char* op, Device device) {
+  return Status::UnsupportedDevice(core::str_cat(
       op, ": the tensors are on ", device_name(device),
-      " but the GPU kernel of dense MHA prefill is not built yet (the SM90 kernel has not "
-      "landed); the CPU backend runs it on CPU tensors"));
+      " but this build of OpenMLA has no CUDA backend (it was configured without a CUDA "
+      "compiler)"));
 }
 
 }  // namespace
@@ -30,18 +33,34 @@ Status mha_prefill(const MhaPrefillArgs& args, [[maybe_unused]] Stream stream) {
 #ifdef OPENMLA_WITH_CUDA
   return cuda::mha_prefill(args, shape, stream);
 #else
-  return Status::UnsupportedDevice(core::str_cat(
-      "mha_prefill: the tensors are on ", device_name(shape.device),
-      " but this build of OpenMLA has no CUDA backend (it was configured without a CUDA "
-      "compiler)"));
+  return no_cuda_backend("mha_prefill", shape.device);
 #endif
+}
+
+size_t mha_prefill_backward_workspace_size([[maybe_unused]] Device device,
+                                           [[maybe_unused]] int64_t total_q,
+                                           [[maybe_unused]] int64_t total_kv,
+                                           [[maybe_unused]] int64_t h_q,
+                                           [[maybe_unused]] int64_t h_kv,
+                                           [[maybe_unused]] int64_t d_qk,
+                                           [[maybe_unused]] int64_t d_v) {
+#ifdef OPENMLA_WITH_CUDA
+  if (device.type == DeviceType::kCUDA) {
+    return cuda::sm90::mha_prefill_backward_workspace_size(total_q, h_q, d_qk);
+  }
+#endif
+  return 0;  // the CPU backend needs none
 }
 
 Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, [[maybe_unused]] Stream stream) {
   core::MhaPrefillShape shape;
   OPENMLA_RETURN_IF_ERROR(core::validate_mha_prefill_backward(args, &shape));
   if (shape.device.type != DeviceType::kCPU) {
-    return no_gpu_kernel("mha_prefill_backward", shape.device);
+#ifdef OPENMLA_WITH_CUDA
+    return cuda::sm90::mha_prefill_backward(args, shape, static_cast<cudaStream_t>(stream));
+#else
+    return no_cuda_backend("mha_prefill_backward", shape.device);
+#endif
   }
   return cpu::mha_prefill_backward(args, shape);
 }

@@ -1,6 +1,6 @@
 // The CUDA backend's dense MHA prefill (cuda_backend.h): the device must be an SM90 GPU, made
 // current for the call, then the forward kernel family's launcher (sm90/mha_prefill/). The
-// backward has no GPU kernel here (src/api returns NotImplemented for it).
+// backward runs its own SM90 launcher (src/api/mha_prefill.cc calls it directly).
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_backend.h"
