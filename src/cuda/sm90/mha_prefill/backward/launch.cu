@@ -66,11 +66,7 @@ size_t mha_prefill_backward_workspace_size(int64_t total_q, int64_t h_q, int64_t
 
 Status mha_prefill_backward(const MhaPrefillBackwardArgs& args,
                             const core::MhaPrefillShape& shape, cudaStream_t stream) {
-  attention::DeviceFacts facts;
-  OPENMLA_RETURN_IF_ERROR(attention::require_sm90(kOp, shape.device, &facts));
-  attention::DeviceGuard guard;
-  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
-
+  // The arguments first (no device query: a bad call is refused the same on any machine).
   if (shape.d_v != 128 || (shape.d_qk != 128 && shape.d_qk != 192)) {
     return Status::NotImplemented(core::str_cat(kOp, ": d_qk ", shape.d_qk, ", d_v ", shape.d_v,
                                                 " has no CUDA kernel (d_qk 128 or 192, d_v 128)"));
@@ -102,6 +98,11 @@ Status mha_prefill_backward(const MhaPrefillBackwardArgs& args,
   if (needed > 0 && reinterpret_cast<uintptr_t>(args.workspace.data) % 16 != 0) {
     return invalid("workspace: its data must be 16-byte aligned; got ", args.workspace.data);
   }
+
+  attention::DeviceFacts facts;
+  OPENMLA_RETURN_IF_ERROR(attention::require_sm90(kOp, shape.device, &facts));
+  attention::DeviceGuard guard;
+  OPENMLA_RETURN_IF_ERROR(guard.enter(kOp, shape.device.index));
 
   mha_bwd::MhaBwdParams p = {};
   p.q = args.q.data;
