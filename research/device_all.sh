@@ -22,3 +22,5 @@ run_b "fused bench" 150 python3 bench/fused_vs_unfused.py --json "$OUT/fused.jso
 run_b "mha bwd vs torch" 70 python3 bench/mha_prefill_backward_vs_torch.py --quick --json "$OUT/bwd.json"
 run_b "sparse bench" 100 python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared
 grep 'geometric mean' "$OUT/bench.txt" >> "$S"
+(cd "$OUT" && ls *.json >/dev/null 2>&1 && tar czf json.tgz *.json && rm -f *.json)
+true
