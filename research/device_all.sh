@@ -22,13 +22,11 @@ run_b "fused bench" 150 python3 bench/fused_vs_unfused.py --json "$OUT/fused.jso
 run_b "mha orders" 40 build-device/bench/openmla_bench_mha_prefill --quick
 run_b "mha bwd vs torch" 70 python3 bench/mha_prefill_backward_vs_torch.py --quick --json "$OUT/bwd.json"
 run_b "sparse bench" 100 python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared
-lat_ab() {
-  nvcc -std=c++20 -O2 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Isrc \
-    -Iinclude -I.deps/cutlass-4.2.0/include -I/usr/local/cuda/include/cccl \
-    research/sparse_latency_ab.cu build-device/libopenmla.a build-device/libopenmla_cuda.a \
-    build-device/libopenmla.a -lcuda -Xcompiler -fopenmp -o /tmp/latency_ab && /tmp/latency_ab
-}
-run_b "latency ab" 90 lat_ab
+run_b "latency ab" 90 bash -c 'nvcc -std=c++20 -O2 -gencode=arch=compute_90a,code=sm_90a \
+  --expt-relaxed-constexpr -Isrc -Iinclude -I.deps/cutlass-4.2.0/include \
+  -I/usr/local/cuda/include/cccl research/sparse_latency_ab.cu build-device/libopenmla.a \
+  build-device/libopenmla_cuda.a build-device/libopenmla.a -lcuda -Xcompiler -fopenmp \
+  -o /tmp/latency_ab && /tmp/latency_ab'
 grep 'geometric mean' "$OUT/bench.txt" >> "$S"
 (cd "$OUT" && ls *.json >/dev/null 2>&1 && tar czf json.tgz *.json && rm -f *.json)
 true
