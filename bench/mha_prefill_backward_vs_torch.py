@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import openmla
+from sparse_decode_vs_flashmla import ceilings  # the same run's copy and GEMM rates
 
 DEV = torch.device("cuda")
 TOKENS = 16384
@@ -164,6 +165,9 @@ def main(argv) -> int:
     name = torch.cuda.get_device_name()
     print(f"dense MHA prefill backward, bf16, {TOKENS} tokens a row, {name}, torch "
           f"{torch.__version__}; µs between CUDA events, L2 flushed, median of {args.rounds}")
+    copy_gbs, gemm = ceilings()
+    print(f"same-run ceilings: copy {copy_gbs:.0f} GB/s, bf16 GEMM (8192^3 torch.matmul) "
+          f"{gemm:.0f} TFLOP/s")
     print("| h | d_qk | seqlen x batch | causal | OpenMLA µs | OpenMLA TFLOP/s | torch backend | "
           "torch µs | torch TFLOP/s | speedup | rel err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -184,7 +188,7 @@ def main(argv) -> int:
               f"{statistics.geometric_mean(ratios):.2f}x (min {min(ratios):.2f}, max "
               f"{max(ratios):.2f})")
     if args.json:
-        meta = dict(device=name, rounds=args.rounds, torch=torch.__version__,
+        meta = dict(device=name, gemm_tflops=gemm, copy_gbs=copy_gbs, rounds=args.rounds, torch=torch.__version__,
                     method="eager events, L2 flushed")
         with open(args.json, "w") as f:
             json.dump([dict(r, **meta) for r in rows], f, indent=1)

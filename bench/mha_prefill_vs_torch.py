@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import openmla
+from sparse_decode_vs_flashmla import ceilings  # the same run's copy and GEMM rates
 
 DEV = torch.device("cuda")
 TOKENS = 16384
@@ -159,6 +160,9 @@ def main(argv) -> int:
         print("no CUDA device", file=sys.stderr)
         return 1
     name = torch.cuda.get_device_name()
+    copy_gbs, gemm = ceilings()
+    print(f"same-run ceilings: copy {copy_gbs:.0f} GB/s, bf16 GEMM (8192^3 torch.matmul) "
+          f"{gemm:.0f} TFLOP/s")
     print(f"{name}, torch {torch.__version__}, {args.rounds} rounds")
     gen = torch.Generator(device=DEV).manual_seed(0)
     seqlens = [8192] if args.quick else [1024, 2048, 4096, 8192, 16384]
@@ -179,7 +183,7 @@ def main(argv) -> int:
               f"{statistics.geometric_mean(ratios):.2f}x (min {min(ratios):.2f}, max "
               f"{max(ratios):.2f})")
     if args.json:
-        meta = dict(device=name, rounds=args.rounds, method="CUDA-graph replay events",
+        meta = dict(device=name, gemm_tflops=gemm, copy_gbs=copy_gbs, rounds=args.rounds, method="CUDA-graph replay events",
                     torch=torch.__version__)
         with open(args.json, "w") as f:
             json.dump([dict(r, **meta) for r in rows], f, indent=1)
