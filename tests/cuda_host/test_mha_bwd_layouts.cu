@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <set>
+#include <utility>
 
 #include <cute/tensor.hpp>
 
@@ -96,6 +97,70 @@ TEST(MhaBwdLayouts, SmemAtIsNotTheIntegerLayout) {
   }
   EXPECT_GT(differ, 0);
 }
+// The hardware (TMA/GMMA) swizzle of width `wbytes` on byte offsets from a 1024 B aligned base:
+// the 16 B chunk bits [4, 4 + b) XOR the bits [7, 7 + b), b = log2(wbytes / 16). Every stored
+// element's address (smem_at, the kernel's stores) is the layout's unswizzled offset with that
+// swizzle applied: what wgmma's descriptor of that swizzle mode reads.
+template <class Layout, class E>
+void check_hw_swizzle(int rows, int cols, int wbytes, const char* name) {
+  const long mask = wbytes / 16 - 1;
+  const auto plain = Layout{}.layout_b();
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      const long at = 2 * offset_of(bwd::smem_at<Layout>(base_ptr<E>(), r, c));
+      const long lin = 2 * long(plain(r, c));
+      ASSERT_EQ(at, lin ^ (((lin >> 7) & mask) << 4)) << name << " (" << r << ", " << c << ")";
+    }
+  }
+}
+
+// Every (row, col) of an R x C accumulator owned by exactly one (thread, element) of the 256;
+// with `pairs`, elements 2j, 2j + 1 of a thread are (row, c), (row, c + 1), c even (the float2
+// atomics of dQ).
+template <class Mma, int rows, int cols>
+void check_accumulator(bool pairs, const char* name) {
+  Mma mma;
+  std::set<std::pair<int, int>> seen;
+  for (int t = 0; t < 256; ++t) {
+    auto coords = mma.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<rows>, Int<cols>>{}));
+    auto frag = partition_fragment_C(mma, Shape<Int<rows>, Int<cols>>{});
+    ASSERT_EQ(int(size(coords)), int(size(frag))) << name;
+    for (int i = 0; i < int(size(coords)); ++i) {
+      const int r = get<0>(coords(i)), c = get<1>(coords(i));
+      ASSERT_TRUE(r >= 0 && r < rows && c >= 0 && c < cols) << name;
+      ASSERT_TRUE(seen.insert({r, c}).second) << name << " (" << r << ", " << c << ") twice";
+      if (pairs && i % 2 == 1) {
+        ASSERT_EQ(get<0>(coords(i - 1)), r) << name << " thread " << t << " element " << i;
+        ASSERT_EQ(get<1>(coords(i - 1)) + 1, c) << name << " thread " << t << " element " << i;
+        ASSERT_EQ(c % 2, 1) << name;
+      }
+    }
+  }
+  ASSERT_EQ(long(seen.size()), long(rows) * cols) << name;
+}
+
+template <class E, int kD>
+void check_extra() {
+  using T = bwd::BwdTraits<E, kD>;
+  constexpr int M = T::kBlockM, N = T::kBlockN;
+  auto width = [](int w) { return w % 64 == 0 ? 128 : w % 32 == 0 ? 64 : 32; };
+  check_hw_swizzle<typename T::LayoutQ, E>(M, kD, width(kD * T::kWgAlongKeys / 2), "Q");
+  check_hw_swizzle<typename T::LayoutDO, E>(M, T::kDv, width(T::kDv * T::kWgAlongKeys / 2), "dO");
+  check_hw_swizzle<typename T::LayoutK, E>(N, kD, width(kD / 2), "K");
+  check_hw_swizzle<typename T::LayoutV, E>(N, T::kDv, 128, "V");
+  check_hw_swizzle<typename T::LayoutDS, E>(M, N, 128, "P/dS");
+  check_accumulator<typename T::MmaSdP, N, M>(false, "S^T/dP^T");
+  check_accumulator<typename T::MmaDV, N, T::kDv>(false, "dV");
+  check_accumulator<typename T::MmaDK, N, kD>(false, "dK");
+  check_accumulator<typename T::MmaDQ, M, kD>(true, "dQ");
+}
+TEST(MhaBwdLayouts, HardwareSwizzleAndAccumulators) {
+  check_extra<bfloat16_t, 128>();
+  check_extra<bfloat16_t, 192>();
+  check_extra<half_t, 128>();
+  check_extra<half_t, 192>();
+}
+
 TEST(MhaBwdLayouts, D128Bf16) { check_all<bfloat16_t, 128>(); }
 TEST(MhaBwdLayouts, D192Bf16) { check_all<bfloat16_t, 192>(); }
 TEST(MhaBwdLayouts, D128Fp16) { check_all<half_t, 128>(); }

@@ -285,6 +285,14 @@ TEST(MhaPrefillBackwardGpu, SmallZeroLengthsAndLonelyQueries) {
   run_case(make({0, 5, 0, 10, 3}, {0, 0, 7, 4, 70}, 4, 2, 128, kBF16, true));
   run_case(make({0, 5, 0, 10, 3}, {0, 0, 7, 4, 70}, 4, 2, 192, kBF16, false, kBF16));
 }
+// Empty sides: no query at all (total_q 0: no workspace, yet dk = dv = 0 must be written for
+// every key), no key at all (total_kv 0: dq = 0), and b = 0.
+TEST(MhaPrefillBackwardGpu, SmallEmptySides) {
+  run_case(make({0, 0}, {5, 130}, 4, 2, 128, kBF16, true));
+  run_case(make({0, 0}, {5, 130}, 4, 2, 192, kFP16, false, kFP16));
+  run_case(make({3, 70}, {0, 0}, 4, 4, 192, kBF16, false));
+  run_case(make({}, {}, 4, 4, 128, kBF16, true));
+}
 // q, k, v as slices of packed rows; dq, dk, dv with padding between rows (never written).
 TEST(MhaPrefillBackwardGpu, SmallStridedPacked) {
   BwdCase c = make({40, 77}, {90, 77}, 4, 4, 192, kBF16, true, kBF16);
