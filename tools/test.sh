@@ -78,6 +78,9 @@ python3 tests/models/ring_sync_model.py --self-test --schedules 300
 echo "== the dense MHA prefill forward's synchronisation model (tests/models/mha_fwd_sync_model.py)"
 python3 tests/models/mha_fwd_sync_model.py --schedules 300 | tail -n 1
 python3 tests/models/mha_fwd_sync_model.py --self-test --schedules 300
+echo "== the dense MHA prefill forward's index and softmax math (tests/models/mha_fwd_math_model.py)"
+python3 tests/models/mha_fwd_math_model.py
+python3 tests/models/mha_fwd_math_model.py --self-test
 # (the slots in a CTA pair)
 # The FP8 prefill kernel's V^T build and P's fragment order, byte by byte (fp8_kernel.cuh).
 echo "== the FP8 prefill's V^T transpose model (tests/models/fp8_vt_model.py)"

@@ -203,7 +203,9 @@ void check(const MhaGpuCase& c) {
   MhaGpuProblem p(c);
   const Status st = mha_prefill(p.cpu);
   ASSERT_TRUE(st.ok()) << st.message();
-  for (bool pipelined : {true, false}) {
+  // Plain first: if the pipelined order's turns hang the call, the plain order's rows (the same
+  // math without the ping-pong) are already in the log.
+  for (bool pipelined : {false, true}) {
     SCOPED_TRACE(pipelined ? "order: pipelined" : "order: plain");
     p.dout.buffer.poison();
     p.dlse.buffer.poison();
