@@ -131,7 +131,7 @@ def mha_prefill_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv,
     total_kv, h_kv, _ = _api._shape(k)
     ws = _C.mha_prefill_backward_workspace_size(device[0], device[1], total_q, total_kv, h_q,
                                                 h_kv, d_qk, _api._shape(v)[2])
-    workspace = _api._workspace(frame, q, ws, None, op, device)
+    workspace = _api._workspace(frame, q, ws, None, op, device, stream=stream)
     with frame.guard(q):
         _C.mha_prefill_backward(
             fw.to_c(dout), fw.to_c(q), fw.to_c(k), fw.to_c(v), fw.to_c(out), fw.to_c(lse),
