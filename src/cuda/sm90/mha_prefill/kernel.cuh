@@ -19,7 +19,7 @@
 //              warpgroups take turns issuing their wgmmas (named barriers kBarTurn0/1), so one's
 //              softmax overlaps the other's products (ping-pong).
 // The epilogue writes O / l (16-byte row stores, rows past the sequence not written) and
-// lse = m + ln l (natural log; -inf and O = 0 for a row that sees no key).
+// lse = m·scale + ln l (m the raw max; natural log; -inf and O = 0 for a row that sees no key).
 #pragma once
 
 #include <cuda.h>
