@@ -59,7 +59,8 @@ def lse_of(q, k, scale, causal):
     mask = torch.ones(s, s, dtype=torch.bool, device=DEV).tril() if causal else None
     for bi in range(b):
         for h0 in range(0, h, step):
-            logits = (q[bi, h0:h0 + step] @ k[bi, h0:h0 + step].transpose(-1, -2)).float() * scale
+            logits = (q[bi, h0:h0 + step].float()
+                      @ k[bi, h0:h0 + step].float().transpose(-1, -2)) * scale
             if mask is not None:
                 logits.masked_fill_(~mask, -math.inf)
             lse[bi, h0:h0 + step] = logits.logsumexp(-1)
