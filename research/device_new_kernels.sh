@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call on binaries built here (carry build/devpack.tar.xz: build/tests/openmla_gpu_tests,
+# build/bench/openmla_bench_mha_prefill, build/pypkg; and .peers), no build on the device: the new
+# kernels' correctness first (MHA prefill forward and backward, the fused V4 op), then their
+# benchmarks, then the sparse family's regression checks, each step only while LIMIT seconds allow.
+#   OUT=/dir COMMIT=<hash> LIMIT=400 bash research/device_new_kernels.sh
+set -u
+cd "$(dirname "$0")/.."
+LIMIT=${LIMIT:-400}
+S="$OUT/summary.txt"; touch "$S"
+note() { echo "${SECONDS}s $*" | tee -a "$S"; }
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >> "$S"
+echo "commit ${COMMIT:-?}" >> "$S"
+[[ -d build/pypkg ]] || tar xJf build/devpack.tar.xz
+T=build/tests/openmla_gpu_tests
+mkdir -p /tmp/peer && [[ -d /tmp/peer/flash_mla ]] || tar xJf .peers/flash_mla-*.tar.xz -C /tmp/peer
+export PYTHONPATH="$PWD/build/pypkg:/tmp/peer:$PWD/bench"
+step() {  # step NAME MAX LOG CMD...: CMD for at most MAX seconds (and what LIMIT leaves)
+  local name=$1 max=$2 log=$3; shift 3
+  local t=$(( LIMIT - SECONDS )); (( t > max )) && t=$max
+  if (( t < 15 )); then note "$name: skipped (no time left)"; return; fi
+  echo "+ $*" >> "$OUT/$log"
+  timeout $t "$@" >> "$OUT/$log" 2>&1
+  note "$name rc=$? (limit ${t}s) $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|passed|failed|geometric mean' "$OUT/$log" | tail -n 3 | tr '\n' ' ')"
+}
+OPENMLA_TEST_VERBOSE=1 step "gtests mha+fused" 170 tests.txt $T --gtest_brief=1 \
+  --gtest_filter='MhaPrefill*:FusedAttention*'
+step "memcheck" 110 sanitizer.txt compute-sanitizer --tool memcheck --error-exitcode 99 $T \
+  --gtest_brief=1 --gtest_filter='MhaPrefillGpu.Small*:MhaPrefillBackwardGpu.Small*:FusedAttentionSmall*'
+step "pytest gpu" 90 python.txt python3 -m pytest -q -o addopts="" -p no:cacheprovider \
+  tests/python/test_gpu_mha_prefill.py tests/python/test_gpu_mha_backward.py tests/python/test_gpu_fused.py
+step "mha fwd vs torch" 75 bench.txt python3 bench/mha_prefill_vs_torch.py --quick --rounds 5
+step "fused bench" 150 bench.txt python3 bench/fused_vs_unfused.py
+step "mha orders" 40 bench.txt build/bench/openmla_bench_mha_prefill --quick
+step "mha bwd vs torch" 70 bench.txt python3 bench/mha_prefill_backward_vs_torch.py --quick
+step "gtests sparse" 170 tests.txt $T --gtest_brief=1 --gtest_filter='Sparse*:DenseDecodeKVCache*'
+step "sparse bench" 100 bench.txt python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared
+true
