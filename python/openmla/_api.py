@@ -120,11 +120,17 @@ def _stream(frame, like: Any, stream: Optional[int]) -> int:
 
 
 def _workspace(frame, like: Any, size: int, given: Any = None, op: str = "", device=None,
-               size_fn: str = "decode_workspace_size"):
+               size_fn: str = "decode_workspace_size", stream: Optional[int] = None):
     """The workspace of one call: `given` (the caller's, reused across calls: nothing is
-    allocated) after its checks, else a fresh buffer (None when the operation needs none)."""
+    allocated) after its checks, else a fresh buffer (None when the operation needs none), kept
+    from reuse until the caller's `stream` (when one is named) has finished with it."""
     if given is None:
-        return frame.empty((size,), "uint8", like) if size > 0 else None
+        if size <= 0:
+            return None
+        buffer = frame.empty((size,), "uint8", like)
+        if stream is not None:
+            frame.keep_for_stream(buffer, int(stream))
+        return buffer
     _check(op, "workspace", given, ("uint8",), 1)
     if fw.framework_of(given, op, "workspace") is not frame or (
             device is not None and frame.device(given) != device):
@@ -309,7 +315,7 @@ def dense_decode(q, k_cache, block_table, cache_seqlens, *, d_v: int = 512,
     ws = 0
     if h_kv >= 1 and h_q % h_kv == 0:
         ws = _C.dense_decode_workspace_size(device[0], device[1], b, s_q, h_q, h_kv, d_v)
-    ws_array = _workspace(frame, q, ws, workspace, op, device)
+    ws_array = _workspace(frame, q, ws, workspace, op, device, stream=stream)
     if check_values_enabled(check_values) and len(k_cache.shape) == 4:
         _check_dense_values(op, k_cache, block_table, cache_seqlens)
     if batch_invariant:
@@ -382,7 +388,7 @@ def sparse_decode(q, k_cache, indices, *, topk_length=None, attn_sink=None, extr
         _check_out(op, "lse", lse, ("fp32",), (b, h_q, s_q))
     device = _device(frame, q, op, "q")
     ws = _C.sparse_decode_workspace_size(device[0], device[1], b, s_q, h_q, d_v)
-    ws_array = _workspace(frame, q, ws, workspace, op, device)
+    ws_array = _workspace(frame, q, ws, workspace, op, device, stream=stream)
     if check_values_enabled(check_values):
         _check_sparse_values(op, indices, topk_length, extra_indices, extra_topk_length)
     with frame.guard(q):
@@ -456,7 +462,7 @@ def _run_prefill(frame, op, q, keys, indices, scale, d_v, attn_sink, topk_length
             ws = once
         if fp8_tensor_cores:
             size_fn = "prefill_workspace_size with topk and k_cache"
-    ws_array = _workspace(frame, q, ws, workspace, op, device, size_fn)
+    ws_array = _workspace(frame, q, ws, workspace, op, device, size_fn, stream=stream)
     with frame.guard(q):
         _C.sparse_prefill(fw.to_c(q), fw.to_c(keys), fw.to_c(indices), fw.to_c(out),
                           fw.to_c(max_logits), fw.to_c(lse), topk_length=fw.to_c(topk_length),

@@ -140,6 +140,10 @@ class Numpy:
         return 0
 
     @staticmethod
+    def keep_for_stream(x: Any, stream: int) -> None:
+        """Nothing to keep: a numpy array lives on the CPU."""
+
+    @staticmethod
     def writable(x: np.ndarray) -> bool:
         return bool(x.flags.writeable)
 
@@ -210,6 +214,13 @@ class Torch:
         if x.device.type == "cuda":
             return _torch().cuda.current_stream(x.device).cuda_stream
         return 0
+
+    @staticmethod
+    def keep_for_stream(x: Any, stream: int) -> None:
+        """A buffer allocated on torch's current stream but used by kernels on `stream` (the
+        caller's) is not handed out again by torch's allocator before `stream`'s work is done."""
+        if x.device.type == "cuda" and stream != _torch().cuda.current_stream(x.device).cuda_stream:
+            x.record_stream(_torch().cuda.ExternalStream(stream, device=x.device))
 
     @staticmethod
     def writable(x: Any) -> bool:
