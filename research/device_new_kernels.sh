@@ -4,6 +4,10 @@
 # kernels' correctness first (MHA prefill forward and backward, the fused V4 op), then their
 # benchmarks, then the sparse family's regression checks, each step only while LIMIT seconds allow.
 #   OUT=/dir COMMIT=<hash> LIMIT=400 bash research/device_new_kernels.sh
+# The devpack, here: cmake --build build -j 2 --target openmla_gpu_tests _C openmla_bench_mha_prefill;
+#   tools/layout_pypkg.sh build; copy build/{tests/openmla_gpu_tests,bench/openmla_bench_mha_prefill,
+#   pypkg} into a scratch build/ tree, strip the binaries and the .so, tar | xz into
+#   build/devpack.tar.xz (~11 MB).
 set -u
 cd "$(dirname "$0")/.."
 LIMIT=${LIMIT:-400}
