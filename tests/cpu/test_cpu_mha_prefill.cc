@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/mha_inputs.h"
 #include "common/test_data.h"
 #include "cpu/mha_oracle.h"
 #include "openmla/openmla.h"
@@ -34,47 +35,15 @@ struct MhaCase {
 
 constexpr int64_t kDv = 128;
 
-struct MhaProblem {
+struct MhaProblem : MhaInputs {
   MhaCase c;
-  int64_t total_q = 0, total_kv = 0, max_q = 0, max_kv = 0;
-  std::vector<int64_t> cu_q{0}, cu_kv{0};
-  HostTensor q, k, v, cu_q_t, cu_kv_t, out, lse, dout, dq, dk, dv;
+  HostTensor out, lse, dq, dk, dv;
 
-  explicit MhaProblem(const MhaCase& cs) : c(cs) {
-    for (size_t i = 0; i < c.seqlens_q.size(); ++i) {
-      cu_q.push_back(cu_q.back() + c.seqlens_q[i]);
-      cu_kv.push_back(cu_kv.back() + c.seqlens_kv[i]);
-      max_q = std::max(max_q, c.seqlens_q[i]);
-      max_kv = std::max(max_kv, c.seqlens_kv[i]);
-    }
-    total_q = cu_q.back();
-    total_kv = cu_kv.back();
-    const int64_t b1 = static_cast<int64_t>(cu_q.size());
-    cu_q_t = HostTensor(DType::kInt32, {b1});
-    cu_kv_t = HostTensor(DType::kInt32, {b1});
-    for (int64_t i = 0; i < b1; ++i) {
-      cu_q_t.set({i}, static_cast<double>(cu_q[i]));
-      cu_kv_t.set({i}, static_cast<double>(cu_kv[i]));
-    }
-    Rng rng(c.seed);
-    const int64_t d = c.d_qk, pad = c.strided ? 8 : 0;
-    if (c.strided) {
-      // FlashMLA's packings: qkv [tokens, h, 2 d_qk + d_v] and kv [tokens, h_kv, d_qk + d_v]
-      // sliced along the last dim, so q's, k's and v's rows are strided.
-      const int64_t row = d + d + kDv + pad;
-      q = HostTensor(c.dtype, {total_q, c.h_q, d}, {c.h_q * row, row, 1});
-      k = HostTensor(c.dtype, {total_kv, c.h_kv, d}, {c.h_kv * row, row, 1});
-      v = HostTensor(c.dtype, {total_kv, c.h_kv, kDv}, {c.h_kv * row, row, 1});
-    } else {
-      q = HostTensor(c.dtype, {total_q, c.h_q, d});
-      k = HostTensor(c.dtype, {total_kv, c.h_kv, d});
-      v = HostTensor(c.dtype, {total_kv, c.h_kv, kDv});
-    }
-    q.fill_normal(rng);
-    k.fill_normal(rng);
-    v.fill_normal(rng);
-    dout = HostTensor(c.dtype, {total_q, c.h_q, kDv});
-    dout.fill_normal(rng);
+  explicit MhaProblem(const MhaCase& cs)
+      : MhaInputs(cs.seqlens_q, cs.seqlens_kv, cs.h_q, cs.h_kv, cs.d_qk, kDv, cs.dtype, cs.strided,
+                  cs.seed),
+        c(cs) {
+    const int64_t d = c.d_qk;
     // Outputs: padded rows when strided, and lse in FlashMLA's layout (strides (1, total_q)).
     out = HostTensor(c.dtype, {total_q, c.h_q, kDv}, {c.h_q * (kDv + pad), kDv + pad, 1});
     lse = c.strided ? HostTensor(DType::kFP32, {total_q, c.h_q}, {1, total_q + 3})

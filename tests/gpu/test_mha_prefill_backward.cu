@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mha_inputs.h"
 #include "common/test_data.h"
 #include "gpu/gpu_test_util.h"
 #include "openmla/openmla.h"
@@ -34,47 +35,16 @@ struct BwdCase {
   uint64_t seed = 7;
 };
 
-struct BwdProblem {
+struct BwdProblem : MhaInputs {
   BwdCase c;
-  int64_t total_q = 0, total_kv = 0, max_q = 0, max_kv = 0, pad = 0;
-  HostTensor q, k, v, cu_q, cu_kv, out, lse, dout, dq_ref, dk_ref, dv_ref;
+  HostTensor out, lse, dq_ref, dk_ref, dv_ref;
   bool ok = true;  // the CPU forward and backward ran
 
-  explicit BwdProblem(const BwdCase& cs) : c(cs) {
-    std::vector<int64_t> cq{0}, ckv{0};
-    for (size_t i = 0; i < c.seqlens_q.size(); ++i) {
-      cq.push_back(cq.back() + c.seqlens_q[i]);
-      ckv.push_back(ckv.back() + c.seqlens_kv[i]);
-      max_q = std::max(max_q, c.seqlens_q[i]);
-      max_kv = std::max(max_kv, c.seqlens_kv[i]);
-    }
-    total_q = cq.back();
-    total_kv = ckv.back();
-    const int64_t b1 = static_cast<int64_t>(cq.size());
-    cu_q = HostTensor(DType::kInt32, {b1});
-    cu_kv = HostTensor(DType::kInt32, {b1});
-    for (int64_t i = 0; i < b1; ++i) {
-      cu_q.set({i}, static_cast<double>(cq[i]));
-      cu_kv.set({i}, static_cast<double>(ckv[i]));
-    }
-    Rng rng(c.seed);
+  explicit BwdProblem(const BwdCase& cs)
+      : MhaInputs(cs.seqlens_q, cs.seqlens_kv, cs.h_q, cs.h_kv, cs.d_qk, kDv, cs.dtype, cs.strided,
+                  cs.seed),
+        c(cs) {
     const int64_t d = c.d_qk;
-    pad = c.strided ? 8 : 0;
-    if (c.strided) {  // FlashMLA's qkv [tokens, h, 2 d_qk + d_v] packing, sliced
-      const int64_t row = d + d + kDv + pad;
-      q = HostTensor(c.dtype, {total_q, c.h_q, d}, {c.h_q * row, row, 1});
-      k = HostTensor(c.dtype, {total_kv, c.h_kv, d}, {c.h_kv * row, row, 1});
-      v = HostTensor(c.dtype, {total_kv, c.h_kv, kDv}, {c.h_kv * row, row, 1});
-    } else {
-      q = HostTensor(c.dtype, {total_q, c.h_q, d});
-      k = HostTensor(c.dtype, {total_kv, c.h_kv, d});
-      v = HostTensor(c.dtype, {total_kv, c.h_kv, kDv});
-    }
-    q.fill_normal(rng);
-    k.fill_normal(rng);
-    v.fill_normal(rng);
-    dout = HostTensor(c.dtype, {total_q, c.h_q, kDv});
-    dout.fill_normal(rng);
     out = HostTensor(c.dtype, {total_q, c.h_q, kDv});
     lse = HostTensor(DType::kFP32, {total_q, c.h_q}, {1, total_q});  // FlashMLA's layout
     dq_ref = HostTensor(DType::kFP32, {total_q, c.h_q, d});
@@ -85,8 +55,8 @@ struct BwdProblem {
     f.q = q.view();
     f.k = k.view();
     f.v = v.view();
-    f.cu_seqlens_q = cu_q.view();
-    f.cu_seqlens_kv = cu_kv.view();
+    f.cu_seqlens_q = cu_q_t.view();
+    f.cu_seqlens_kv = cu_kv_t.view();
     f.max_seqlen_q = max_q;
     f.max_seqlen_kv = max_kv;
     f.causal = c.causal;
@@ -99,7 +69,7 @@ struct BwdProblem {
       return;
     }
     MhaPrefillBackwardArgs b = args(q.view(), k.view(), v.view(), dout.view(), out.view(),
-                                    lse.view(), cu_q.view(), cu_kv.view());
+                                    lse.view(), cu_q_t.view(), cu_kv_t.view());
     b.dq = dq_ref.view();
     b.dk = dk_ref.view();
     b.dv = dv_ref.view();
@@ -196,7 +166,7 @@ void run_case(const BwdCase& c) {
 
   DeviceTensor q = to_device(pr.q), k = to_device(pr.k), v = to_device(pr.v);
   DeviceTensor dout = to_device(pr.dout), out = to_device(pr.out), lse = to_device(pr.lse);
-  DeviceTensor cu_q = to_device(pr.cu_q), cu_kv = to_device(pr.cu_kv);
+  DeviceTensor cu_q = to_device(pr.cu_q_t), cu_kv = to_device(pr.cu_kv_t);
   const int64_t d = c.d_qk, pad = pr.pad;
   HostTensor dq(c.grad_dtype, {pr.total_q, c.h_q, d}, {c.h_q * (d + pad), d + pad, 1});
   HostTensor dk(c.grad_dtype, {pr.total_kv, c.h_kv, d}, {c.h_kv * (d + pad), d + pad, 1});
