@@ -14,12 +14,15 @@
 #include "cuda/common/combine.h"
 
 #include "core/schedule.h"
+#include "cuda/common/merge_math.cuh"
 #include "cuda/common/quad_transpose.cuh"
 #include "cuda/common/smem_opt_in.h"
+#include "cuda/sm90/sparse_decode/fused_out.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace openmla::cuda {
@@ -46,20 +49,88 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 }
 
 
-// kSlots float4s a lane a split: 8 (G <= 4) or 1 (G = 8).
-template <typename Element, int kSlots>
+// The fused op's cos/sin of a lane's 8 pairs in the RoPE dims (dims 448 + 8 (k - 24) + 2 q,
+// + 1 for slots 56 + k - 24 .. of the unit with chunk 7), read before the wait for the decode.
+struct FusedRope {
+  float c[8], s[8];
+  bool bad;
+};
+__device__ __forceinline__ FusedRope fused_rope(const sm90::SparseFusedParams& f, int token, int q,
+                                                bool rope_unit) {
+  FusedRope r;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) r.c[k] = 1.f, r.s[k] = 0.f;
+  const int pos = __ldg(f.positions + static_cast<int64_t>(token) * f.positions_stride);
+  r.bad = pos < 0 || pos >= f.num_positions;
+  if (!r.bad && rope_unit) {
+    const float* row = f.cos_sin + static_cast<int64_t>(pos) * f.cos_sin_stride0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int i = 4 * k + q;  // pair (dim - 448) / 2 of dims 448 + 8 k + 2 q, + 1
+      r.c[k] = __ldg(row + i * f.cos_sin_stride1);
+      r.s[k] = __ldg(row + (32 + i) * f.cos_sin_stride1);
+    }
+  }
+  return r;
+}
+
+// The fused op's store of one merged row's 64 dims held by a lane's quad (8 slots: two 32-dim
+// chunks of 4 n-blocks; lane q has dims 8 k + 2 q, + 1 of each): the RoPE dims turned back, each
+// chunk's amax over the quad, e4m3 pairs and the chunk's scale byte (sparse_decode/fused_out.cuh).
+// Every lane calls it (shuffles); `live` says whether its row is stored.
+__device__ __forceinline__ void fused_store(const sm90::SparseFusedParams& f, int token, int h,
+                                            int slot0, int q, float (&v)[16],
+                                            const FusedRope& rope, bool live) {
+  using namespace sm90::sparse_decode_detail;
+  if (slot0 == 56) {  // dims 448 - 511: the RoPE dims
+#pragma unroll
+    for (int k = 0; k < 8; ++k) fused_unrotate(rope.c[k], rope.s[k], v[2 * k], v[2 * k + 1]);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float amax = 0.f;
+#pragma unroll
+    for (int e = 8 * half; e < 8 * half + 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    if (!live) continue;
+    const int e = fused_scale_exponent(amax);
+    const float inv = ldexpf(1.f, -e);
+    const int dim0 = 256 * (slot0 / 32) + 8 * (slot0 % 32) + 32 * half;
+    const FusedChunk dst = fused_chunk(f, token, h, dim0 / 32);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int e2 = 8 * half + 2 * k;
+      *reinterpret_cast<uint16_t*>(dst.bytes + 8 * k + 2 * q) =
+          rope.bad ? uint16_t{0x7F7F} : fused_e4m3x2(v[e2], v[e2 + 1], inv);
+    }
+    if (q == 0) *dst.scale = rope.bad ? uint8_t{0xFF} : static_cast<uint8_t>(e + 127);
+  }
+}
+
+// kSlots float4s a lane a split: 8 (G <= 4) or 1 (G = 8). kFused: the fused op's output (kSlots 8).
+template <typename Element, int kSlots, bool kFused>
 __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCombineParams p) {
-  const int r = blockIdx.y;
-  const int64_t first64 = p.num_splits[r * p.num_splits_stride];
-  const int64_t n64 = p.num_splits[(r + 1) * p.num_splits_stride] - first64;
+  static_assert(!kFused || kSlots == 8, "a fused row's 32-dim chunk is 4 slots of one lane");
+  const int r = p.request0 + static_cast<int>(blockIdx.y);
+  int64_t first64, n64, slot064;
+  if (p.uniform_splits > 0) {  // sparse: n splits a request, slot = global split
+    n64 = p.uniform_splits;
+    first64 = static_cast<int64_t>(r) * n64;
+    slot064 = first64;
+  } else {
+    first64 = p.num_splits[r * p.num_splits_stride];
+    n64 = p.num_splits[(r + 1) * p.num_splits_stride] - first64;
+    slot064 = 2 * (first64 - r);  // core::partial_slot(first, first, r)
+  }
   // One split: the decode kernel wrote this request itself. (num_splits comes from the planner,
   // which finished before the decode kernel, our primary, started.)
   if (n64 <= 1) return;
   // Splits or slots past the workspace's: a corrupted schedule (params.max_splits).
-  const int64_t slot0 = 2 * (first64 - r);  // core::partial_slot(first, first, r)
-  if (first64 < 0 || first64 + n64 > p.max_splits || slot0 < 0 || slot0 + n64 > p.max_slots) return;
+  if (first64 < 0 || first64 + n64 > p.max_splits || slot064 < 0 || slot064 + n64 > p.max_slots) {
+    return;
+  }
   const int first = static_cast<int>(first64), n = static_cast<int>(n64);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
 
   constexpr int kChunks = 64 / kSlots;  // units a 16-row group's 64 slots are dealt over
   // G > 1: each warp's partial sums (kSlots x 32), then stats.
@@ -88,6 +159,9 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   const int s0 = c0 / group, h0 = kvh * group + c0 % group;
   const int s1 = c1 / group, h1 = kvh * group + c1 % group;
   const int rows = p.s_q * p.h_q;
+  FusedRope rope;  // the fused op's cos/sin: inputs, read while the decode grid still runs
+  if constexpr (kFused) rope = fused_rope(p.fused, r, q, chunk == 7);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 
   float4 acc[kSlots];
 #pragma unroll
@@ -97,45 +171,37 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   // weights, made each lane read its rows' lse of every split first: with G = 8 and 132 splits
   // that cost more than the partials.)
   float mx0 = -INFINITY, mx1 = -INFINITY, sum0 = 0.f, sum1 = 0.f;
+  const float* lse0 = p.lse_accum + static_cast<int64_t>(first) * rows + s0 * p.h_q + h0;
+  const float* lse1 = p.lse_accum + static_cast<int64_t>(first) * rows + s1 * p.h_q + h1;
   if (unit_live) {
-    const float* lse0 = p.lse_accum + static_cast<int64_t>(first) * rows + s0 * p.h_q + h0;
-    const float* lse1 = p.lse_accum + static_cast<int64_t>(first) * rows + s1 * p.h_q + h1;
-    // The first piece's block (slot core::partial_slot(first, first, r)), then one block
-    // stride per piece; a block is 64 column slots of 32 G float4s.
+    // The first piece's block, then one block stride per piece; a block is 64 column slots of
+    // 32 G float4s.
     const int lanes = 32 * groups;
     const int64_t block_float4s = core::partial_block_float4s(groups, kDimV);
     const int64_t block =
-        core::partial_block(core::partial_slot(first, first, r), kvh, m_block, p.h_kv, m_blocks);
+        core::partial_block(static_cast<int>(slot064), kvh, m_block, p.h_kv, m_blocks);
     const float4* o = reinterpret_cast<const float4*>(p.o_accum) + block * block_float4s +
                       chunk * kSlots * lanes + 32 * w + lane;
     const int64_t split_stride = static_cast<int64_t>(p.h_kv) * m_blocks * block_float4s;
-    // One split into the running (mx, sum, acc): e^(mx - new max) rescales the sums so far (1
-    // while the max stays; 0 from -inf), e^(l - new max) weighs the split (0 where it saw no
-    // key; its values, which may be garbage, are dropped).
+    // One split into the running (mx, sum, acc) (merge_math.cuh); a split that saw no key
+    // weighs 0 and its values, which may be garbage, are dropped.
     auto add_split = [&](float l0, float l1, const float4 (&xs)[kSlots]) {
-      const float n0 = fmaxf(mx0, l0), n1 = fmaxf(mx1, l1);
-      const float c0 = mx0 == n0 ? 1.f : __expf(mx0 - n0);
-      const float c1 = mx1 == n1 ? 1.f : __expf(mx1 - n1);
-      const float w0 = l0 == -INFINITY ? 0.f : __expf(l0 - n0);
-      const float w1 = l1 == -INFINITY ? 0.f : __expf(l1 - n1);
-      mx0 = n0;
-      mx1 = n1;
-      sum0 = sum0 * c0 + w0;
-      sum1 = sum1 * c1 + w1;
+      const merge_math::OnlineStep a0 = merge_math::online_add(mx0, sum0, l0);
+      const merge_math::OnlineStep a1 = merge_math::online_add(mx1, sum1, l1);
 #pragma unroll
       for (int v = 0; v < kSlots; ++v) {
         float4 x = xs[v];
         if (l0 == -INFINITY) x.x = x.y = 0.f;
         if (l1 == -INFINITY) x.z = x.w = 0.f;
-        acc[v].x = acc[v].x * c0 + w0 * x.x;
-        acc[v].y = acc[v].y * c0 + w0 * x.y;
-        acc[v].z = acc[v].z * c1 + w1 * x.z;
-        acc[v].w = acc[v].w * c1 + w1 * x.w;
+        acc[v].x = acc[v].x * a0.rescale + a0.weight * x.x;
+        acc[v].y = acc[v].y * a0.rescale + a0.weight * x.y;
+        acc[v].z = acc[v].z * a1.rescale + a1.weight * x.z;
+        acc[v].w = acc[v].w * a1.rescale + a1.weight * x.w;
       }
     };
     // Loads unconditional (a split that saw no key, lse -inf, weighs 0 by a select after its
     // load). (Staging 8 or 2 splits a warp in shared memory by cp.async, all in flight together,
-    // measured -3.5 to +2.2 µs by shape: removed, NOTES.md.)
+    // measured -3.5 to +2.2 µs by shape: removed, dense_decode/NOTES.md.)
     constexpr int kUnroll = kSlots == 1 ? 16 : 2;
 #pragma unroll kUnroll
     for (int i = g; i < n; i += G) {
@@ -183,20 +249,53 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   }
   if (!unit_live) return;
 
-  const float inv0 = sum0 > 0.f ? 1.f / sum0 : 0.f, inv1 = sum1 > 0.f ? 1.f / sum1 : 0.f;
+  // Where query token s of request r lands in out / lse / max_logits: row i, column j.
+  const int s_q_out = p.s_q_out > 0 ? p.s_q_out : p.s_q;
+  const int t0 = r * p.s_q + s0, t1 = r * p.s_q + s1;
+  const int i0 = t0 / s_q_out, j0 = t0 - i0 * s_q_out;
+  const int i1 = t1 / s_q_out, j1 = t1 - i1 * s_q_out;
+  const float lse_0 = merge_math::merged_lse(mx0, sum0), lse_1 = merge_math::merged_lse(mx1, sum1);
+  float inv0 = sum0 > 0.f ? 1.f / sum0 : 0.f, inv1 = sum1 > 0.f ? 1.f / sum1 : 0.f;
+  if (p.sink != nullptr) {
+    inv0 *= merge_math::sink_factor(p.sink[h0 * p.sink_stride], lse_0);
+    inv1 *= merge_math::sink_factor(p.sink[h1 * p.sink_stride], lse_1);
+  }
   if (chunk == 0 && q == 0) {
-    if (live0) {
-      p.lse[r * p.lse_stride_b + h0 * p.lse_stride_h + s0 * p.lse_stride_s] =
-          mx0 == -INFINITY ? INFINITY : mx0 + logf(sum0);
-    }
-    if (live1) {
-      p.lse[r * p.lse_stride_b + h1 * p.lse_stride_h + s1 * p.lse_stride_s] =
-          mx1 == -INFINITY ? INFINITY : mx1 + logf(sum1);
+    if (live0) p.lse[i0 * p.lse_stride_b + h0 * p.lse_stride_h + j0 * p.lse_stride_s] = lse_0;
+    if (live1) p.lse[i1 * p.lse_stride_b + h1 * p.lse_stride_h + j1 * p.lse_stride_s] = lse_1;
+    if (p.max_accum != nullptr) {  // the max logit: every split's, lane by lane
+      float ml0 = -INFINITY, ml1 = -INFINITY;
+      const float* max0 = p.max_accum + (lse0 - p.lse_accum);
+      const float* max1 = p.max_accum + (lse1 - p.lse_accum);
+#pragma unroll 8
+      for (int i = 0; i < n; ++i) {
+        ml0 = fmaxf(ml0, max0[static_cast<int64_t>(i) * rows]);
+        ml1 = fmaxf(ml1, max1[static_cast<int64_t>(i) * rows]);
+      }
+      if (live0) {
+        p.max_logits[i0 * p.max_logits_stride_b + h0 * p.max_logits_stride_h +
+                     j0 * p.max_logits_stride_s] = ml0;
+      }
+      if (live1) {
+        p.max_logits[i1 * p.max_logits_stride_b + h1 * p.max_logits_stride_h +
+                     j1 * p.max_logits_stride_s] = ml1;
+      }
     }
   }
-  char* out0 = static_cast<char*>(p.out) + (r * p.out_stride_b + s0 * p.out_stride_s +
+  if constexpr (kFused) {  // sparse mode, one token a request: token r, rows = heads
+    float v0[16], v1[16];
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      v0[2 * v] = acc[v].x * inv0, v0[2 * v + 1] = acc[v].y * inv0;
+      v1[2 * v] = acc[v].z * inv1, v1[2 * v + 1] = acc[v].w * inv1;
+    }
+    fused_store(p.fused, r, h0, chunk * 8, q, v0, rope, live0);
+    fused_store(p.fused, r, h1, chunk * 8, q, v1, rope, live1);
+    return;
+  }
+  char* out0 = static_cast<char*>(p.out) + (i0 * p.out_stride_b + j0 * p.out_stride_s +
                                            h0 * p.out_stride_h) * 2;
-  char* out1 = static_cast<char*>(p.out) + (r * p.out_stride_b + s1 * p.out_stride_s +
+  char* out1 = static_cast<char*>(p.out) + (i1 * p.out_stride_b + j1 * p.out_stride_s +
                                            h1 * p.out_stride_h) * 2;
   if constexpr (kSlots >= 4) {
     if (p.out_16B) {
@@ -260,27 +359,39 @@ cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_d
                         core::partial_row_groups(rows_kv) * (64 / slots);
   const int units_per_block = kWarps / G;
   const bool bf16 = out_dtype == DType::kBF16;
-  auto kernel = slots == 8 ? (bf16 ? decode_combine_kernel<__nv_bfloat16, 8>
-                                   : decode_combine_kernel<__half, 8>)
-                           : (bf16 ? decode_combine_kernel<__nv_bfloat16, 1>
-                                   : decode_combine_kernel<__half, 1>);
+  if (params.fused.on && (slots != 8 || !bf16 || params.h_kv != 1 || params.s_q != 1)) {
+    return cudaErrorInvalidValue;
+  }
+  auto kernel = params.fused.on
+                    ? decode_combine_kernel<__nv_bfloat16, 8, true>
+                    : slots == 8 ? (bf16 ? decode_combine_kernel<__nv_bfloat16, 8, false>
+                                         : decode_combine_kernel<__half, 8, false>)
+                                 : (bf16 ? decode_combine_kernel<__nv_bfloat16, 1, false>
+                                         : decode_combine_kernel<__half, 1, false>);
   // Up to ~36 KB (eight slots, G = 4).
   const size_t smem_bytes = sizeof(float4) * merge_float4s(slots, G);
   if (const cudaError_t err = allow_dynamic_smem(kernel, smem_bytes); err != cudaSuccess) {
     return err;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((units + units_per_block - 1) / units_per_block),
-                        params.batch);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, params);
+  // Requests in grids of at most 65535 (gridDim.y's bound).
+  DecodeCombineParams chunk = params;
+  for (chunk.request0 = 0; chunk.request0 < params.batch; chunk.request0 += 65535) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>((units + units_per_block - 1) / units_per_block),
+                          std::min(params.batch - chunk.request0, 65535));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = programmatic ? 1 : 0;
+    if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, chunk); err != cudaSuccess) {
+      return err;
+    }
+  }
+  return cudaSuccess;
 }
 
 }  // namespace openmla::cuda

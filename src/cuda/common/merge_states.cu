@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/merge_math.cuh"
 #include "cuda/common/merge_states.h"
 
 namespace openmla::cuda {
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     if (holds_keys(l)) sum += expf(l - max_lse);
   }
   const bool empty = max_lse == -INFINITY;
-  const float merged_lse = empty ? INFINITY : max_lse + logf(sum);
+  const float merged_lse = merge_math::merged_lse(max_lse, sum);
 
   const TIn* in_row = static_cast<const TIn*>(p.part_out) + token * p.part_out_strides[1] +
                       head * p.part_out_strides[2];

@@ -92,8 +92,8 @@ size_t fused_workspace_size(int device_index, int64_t s_q, int64_t h_q) {
   if (s_q <= 0 || h_q <= 0 || s_q > INT32_MAX || h_q > INT32_MAX) return 0;
   // Decode plans its splits over s_q * ceil(h_q / 64) CTAs, prefill over s_q: the larger bound.
   const int h = static_cast<int>(h_q);
-  return std::max(sparse_workspace_bytes(device_index, s_q, s_q * ((h_q + 63) / 64), h),
-                  sparse_workspace_bytes(device_index, s_q, s_q, h));
+  return std::max(sparse_workspace_bytes(device_index, s_q, 1, s_q * ((h_q + 63) / 64), h),
+                  sparse_workspace_bytes(device_index, s_q, 1, s_q, h));
 }
 
 Status fused_prefill(const FusedPrefillArgs& args, const core::FusedShape& shape,

@@ -1,6 +1,7 @@
 // The sparse decode kernel's epilogue (consume.cuh).
 #pragma once
 
+#include "core/schedule.h"
 #include "cuda/sm90/sparse_decode/consume_parts.cuh"
 #include "cuda/sm90/sparse_decode/fused_out.cuh"
 
@@ -61,8 +62,10 @@ __device__ __forceinline__ void write_output(const SparseDecodeParams& p,
           p.max_logits[w.i * p.max_logits_stride_b + w.h * p.max_logits_stride_h +
                        w.j * p.max_logits_stride_s] = max_logit;
         }
-      } else {
-        const int64_t at = (static_cast<int64_t>(split_e) * p.tokens + w.token) * p.h_q + w.h;
+      } else {  // lse_accum [global split, s_pack, h_q] (cuda/common/combine.h)
+        const int64_t split_g = static_cast<int64_t>(problem_e) * p.num_splits + split_e;
+        const int64_t at =
+            (split_g * p.s_pack + (w.token - problem_e * p.s_pack)) * p.h_q + w.h;
         p.lse_partial[at] = lse[r];
         if (p.max_logits != nullptr) p.max_partial[at] = max_logit;
       }
@@ -95,11 +98,33 @@ __device__ __forceinline__ void write_output(const SparseDecodeParams& p,
       return;
     }
   }
+  if (!single) {
+    // The split's fp32 partial in the accumulators' own order (cuda/common/combine.h,
+    // "o_accum"): float4 k of thread t of warpgroup wg is rows r, r + 8 x dims 256 wg + 8 k +
+    // 2 (t % 4), + 1, at float4 (32 wg + k) * 32 G + t of the block of (slot = global split,
+    // m-block), so a warp stores 512 contiguous bytes an instruction. Only the warps of the
+    // first G 16-row groups hold a row of the problem; threads whose rows are both past the
+    // problem's store nothing.
+    const int rows_kv = p.s_pack * p.h_q;
+    const int groups = core::partial_row_groups(rows_kv);
+    if (m_block * 64 + mrow[0] >= rows_kv) return;
+    const int slot = problem_e * p.num_splits + split_e;
+    const int64_t block = core::partial_block(slot, 0, m_block, 1, p.m_blocks);
+    const int lanes = 32 * groups;
+    float4* out = reinterpret_cast<float4*>(p.o_partial) +
+                  block * core::partial_block_float4s(groups, 512) +
+                  wg * (Traits::kVHalfDims / 8) * lanes + threadIdx.x % 128;
+#pragma unroll
+    for (int k = 0; k < size<1>(O) / 2; ++k) {
+      out[k * lanes] = make_float4(O(0, 2 * k), O(0, 2 * k + 1), O(1, 2 * k), O(1, 2 * k + 1));
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const Row& w = rows[r];
     if (!w.ok) continue;
-    if (single) {
+    {
       char* out = static_cast<char*>(p.out) + (w.i * p.out_stride_b + w.j * p.out_stride_s +
                                                w.h * p.out_stride_h + wg * Traits::kVHalfDims) *
                                                   2;
@@ -107,15 +132,6 @@ __device__ __forceinline__ void write_output(const SparseDecodeParams& p,
       for (int c = 0; c < size<1>(O); c += 2) {
         const int col = get<1>(cO_rc(r, c));
         *reinterpret_cast<uint32_t*>(out + col * 2) = pack2<Element>(O(r, c), O(r, c + 1));
-      }
-    } else {
-      float* out = p.o_partial +
-                   ((static_cast<int64_t>(split_e) * p.tokens + w.token) * p.h_q + w.h) * 512 +
-                   wg * Traits::kVHalfDims;
-#pragma unroll
-      for (int c = 0; c < size<1>(O); c += 2) {
-        const int col = get<1>(cO_rc(r, c));
-        *reinterpret_cast<float2*>(out + col) = make_float2(O(r, c), O(r, c + 1));
       }
     }
   }

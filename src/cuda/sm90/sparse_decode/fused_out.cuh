@@ -4,7 +4,7 @@
 // output group g puts its dims 32 c .. 32 c + 31 at chunk c * group_size + hg of the group's row,
 // whose scale is byte (chunk % 4) of out_sf[s, g, chunk / 4]. Used by the kernel's epilogue
 // (fused_store_rows: a thread holds 8 of a chunk's 32 values, its quad the rest) and by the
-// combine (fused_store_combined: 4 consecutive dims a thread, 8 threads a chunk).
+// split-KV combine (cuda/common/combine.cu: the same 8 values a lane, a quad a chunk).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -101,52 +101,6 @@ __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, in
       if (lane % 4 == 0) *dst.scale = bad ? uint8_t{0xFF} : static_cast<uint8_t>(e + 127);
     }
   }
-}
-
-// The combine's cos/sin of its thread's two pairs (dims 4 t .. 4 t + 3 when in the RoPE dims)
-// and whether the token's position is bad, read before the combine waits for the decode grid.
-struct FusedCombineRope {
-  float c[2], s[2];
-  bool bad;
-};
-__device__ __forceinline__ FusedCombineRope fused_combine_rope(const SparseDecodeParams& p,
-                                                               int token) {
-  const SparseFusedParams& f = p.fused;
-  FusedCombineRope r = {{1.f, 1.f}, {0.f, 0.f}, false};
-  const int d = 4 * static_cast<int>(threadIdx.x);
-  const int pos = __ldg(f.positions + static_cast<int64_t>(token) * f.positions_stride);
-  r.bad = pos < 0 || pos >= f.num_positions;
-  if (!r.bad && d >= kFusedRopeDim0) {
-    const float* row = f.cos_sin + static_cast<int64_t>(pos) * f.cos_sin_stride0;
-    const int i = (d - kFusedRopeDim0) >> 1;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      r.c[e] = __ldg(row + (i + e) * f.cos_sin_stride1);
-      r.s[e] = __ldg(row + (32 + i + e) * f.cos_sin_stride1);
-    }
-  }
-  return r;
-}
-
-// The combine: dims 4 t .. 4 t + 3 of head h's merged row (sink applied), t = threadIdx.x of a
-// 128-thread block; the 8 threads of a chunk are consecutive lanes.
-__device__ __forceinline__ void fused_store_combined(const SparseDecodeParams& p, int token, int h,
-                                                     float4 o, const FusedCombineRope& rope) {
-  const SparseFusedParams& f = p.fused;
-  const int t = threadIdx.x, d = 4 * t;
-  if (d >= kFusedRopeDim0) {
-    fused_unrotate(rope.c[0], rope.s[0], o.x, o.y);
-    fused_unrotate(rope.c[1], rope.s[1], o.z, o.w);
-  }
-  float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-#pragma unroll
-  for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-  const int e = fused_scale_exponent(amax);
-  const float inv = ldexpf(1.f, -e);
-  const FusedChunk dst = fused_chunk(f, token, h, d / 32);
-  const uint32_t lo = fused_e4m3x2(o.x, o.y, inv), hi = fused_e4m3x2(o.z, o.w, inv);
-  *reinterpret_cast<uint32_t*>(dst.bytes + d % 32) = rope.bad ? 0x7F7F7F7Fu : lo | hi << 16;
-  if (t % 8 == 0) *dst.scale = rope.bad ? uint8_t{0xFF} : static_cast<uint8_t>(e + 127);
 }
 
 }  // namespace sparse_decode_detail

@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <string>
 
+#include "core/schedule.h"
 #include "core/sparse_kernel_plan.h"
 #include "core/str_cat.h"
+#include "cuda/common/combine.h"
 #include "cuda/common/kv_codec.cuh"
 #include "cuda/sm90/attention/launch.h"
 #include "cuda/sm90/sparse_decode/params.h"
@@ -42,11 +44,22 @@ int num_sms(int device_index) {
   return facts.num_sms;
 }
 
+// o_partial's bytes: a block of core::partial_block_floats a (global split, m-block) of
+// `problems` problems of s_pack query tokens x h_q heads (cuda/common/combine.h, "o_accum").
+size_t o_partial_bytes(int64_t splits, int64_t problems, int64_t s_pack, int64_t h_q) {
+  const int64_t rows = s_pack * h_q;
+  return align_up(sizeof(float) * splits * problems * ((rows + 63) / 64) *
+                  core::partial_block_floats(static_cast<int>(rows), 512));
+}
+// lse_partial's (and max_partial's) bytes: [global split, s_pack, h_q].
+size_t lse_partial_bytes(int64_t splits, int64_t problems, int64_t s_pack, int64_t h_q) {
+  return align_up(sizeof(float) * splits * problems * s_pack * h_q);
+}
 // o_partial, lse_partial, max_partial (params.h).
-size_t partial_bytes(int64_t splits, int64_t tokens, int64_t h_q, int64_t d_v) {
+size_t partial_bytes(int64_t splits, int64_t problems, int64_t s_pack, int64_t h_q) {
   if (splits <= 1) return 0;
-  return align_up(sizeof(float) * splits * tokens * h_q * d_v) +
-         2 * align_up(sizeof(float) * splits * tokens * h_q);
+  return o_partial_bytes(splits, problems, s_pack, h_q) +
+         2 * lse_partial_bytes(splits, problems, s_pack, h_q);
 }
 
 int codec_of(KVFormat format) {
@@ -117,6 +130,45 @@ Status cache_params(const KVCache& cache, const char* arg, const core::SparseTun
   return Status::Ok();
 }
 
+// The split partials' merge (cuda/common/combine.h): a problem is the combine's request, of
+// s_pack query tokens (out's rows hold s_q) and num_splits splits.
+DecodeCombineParams combine_params(const SparseDecodeParams& p) {
+  DecodeCombineParams c;
+  c.lse_accum = p.lse_partial;
+  c.o_accum = p.o_partial;
+  c.uniform_splits = p.num_splits;
+  c.max_splits = c.max_slots = p.problems * p.num_splits;
+  c.out = p.out;
+  c.out_stride_b = p.out_stride_b;
+  c.out_stride_s = p.out_stride_s;
+  c.out_stride_h = p.out_stride_h;
+  c.lse = p.lse;
+  c.lse_stride_b = p.lse_stride_b;
+  c.lse_stride_h = p.lse_stride_h;
+  c.lse_stride_s = p.lse_stride_s;
+  // 16-byte stores where out and its strides allow (bf16: multiples of 8 elements).
+  c.out_16B = !p.fused.on && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
+              p.out_stride_b % 8 == 0 && p.out_stride_s % 8 == 0 && p.out_stride_h % 8 == 0;
+  c.batch = p.problems;
+  c.s_q = p.s_pack;
+  c.s_q_out = p.s_q;
+  c.h_q = p.h_q;
+  c.h_kv = 1;
+  c.warps_per_row = p.num_splits <= 4 ? 1 : p.num_splits <= 8 ? 2 : 4;
+  if (p.num_splits > 16 && !p.fused.on) c.warps_per_row = 8;
+  c.sink = p.sink;
+  c.sink_stride = p.sink_stride;
+  if (p.max_logits != nullptr) {
+    c.max_accum = p.max_partial;
+    c.max_logits = p.max_logits;
+    c.max_logits_stride_b = p.max_logits_stride_b;
+    c.max_logits_stride_h = p.max_logits_stride_h;
+    c.max_logits_stride_s = p.max_logits_stride_s;
+  }
+  c.fused = p.fused;
+  return c;
+}
+
 }  // namespace
 
 // What the kernel's loads and stores need of q and out beyond core validation (rank 3 or 4, the
@@ -177,15 +229,17 @@ void set_key_list(SparseDecodeParams* p, int c, const int32_t* indices, int64_t 
   p->topk[c] = static_cast<int>(topk);
 }
 
-size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q) {
-  if (tokens <= 0 || h_q <= 0) return 0;
-  return partial_bytes(core::sparse_max_splits(num_sms(device_index), ctas), tokens, h_q, 512);
+size_t sparse_workspace_bytes(int device_index, int64_t problems, int64_t s_pack, int64_t ctas,
+                              int h_q) {
+  if (problems <= 0 || s_pack <= 0 || h_q <= 0) return 0;
+  return partial_bytes(core::sparse_max_splits(num_sms(device_index), ctas), problems, s_pack,
+                       h_q);
 }
 
 size_t sparse_decode_workspace_size(int device_index, int batch, int s_q, int h_q, int d_v) {
   if (batch <= 0 || s_q <= 0 || h_q <= 0 || d_v <= 0) return 0;
   const int64_t tokens = static_cast<int64_t>(batch) * s_q;
-  return sparse_workspace_bytes(device_index, tokens, tokens * ((h_q + 63) / 64), h_q);
+  return sparse_workspace_bytes(device_index, tokens, 1, tokens * ((h_q + 63) / 64), h_q);
 }
 
 Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tiles,
@@ -212,15 +266,15 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
   if (p.num_splits > 1) {
-    const size_t need = partial_bytes(p.num_splits, p.tokens, p.h_q, 512);
+    const size_t need = partial_bytes(p.num_splits, p.problems, p.s_pack, p.h_q);
     if (workspace.bytes < need || workspace.data == nullptr) {
       return Status::InvalidArgument(core::str_cat(
           op, ": workspace: expected at least ", need, " bytes (", op,
           "_workspace_size), got ", workspace.bytes));
     }
     char* ws = static_cast<char*>(workspace.data);
-    const size_t o_bytes = align_up(sizeof(float) * p.num_splits * p.tokens * p.h_q * 512);
-    const size_t l_bytes = align_up(sizeof(float) * p.num_splits * p.tokens * p.h_q);
+    const size_t o_bytes = o_partial_bytes(p.num_splits, p.problems, p.s_pack, p.h_q);
+    const size_t l_bytes = lse_partial_bytes(p.num_splits, p.problems, p.s_pack, p.h_q);
     p.o_partial = reinterpret_cast<float*>(ws);
     p.lse_partial = reinterpret_cast<float*>(ws + o_bytes);
     p.max_partial = reinterpret_cast<float*>(ws + o_bytes + l_bytes);
@@ -264,10 +318,9 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
     if (err != cudaSuccess) return failed(err);
   }
   if (p.num_splits > 1) {
-    for (p.token0 = 0; p.token0 < p.tokens; p.token0 += 65535) {
-      if (const cudaError_t err = launch_sparse_decode_combine(p, stream); err != cudaSuccess) {
-        return failed(err);
-      }
+    if (const cudaError_t err = launch_decode_combine(combine_params(p), DType::kBF16, stream);
+        err != cudaSuccess) {
+      return failed(err);
     }
   }
   return Status::Ok();

@@ -40,8 +40,10 @@ Status sparse_cache_params(const KVCache& cache, const char* arg, SparseCachePar
 // lengths [b] and topk.
 void set_key_list(SparseDecodeParams* p, int c, const int32_t* indices, int64_t stride_b,
                   int64_t stride_s, int64_t stride_k, const TensorView& lengths, int64_t topk);
-// Workspace for `tokens` query tokens of h_q heads when the grid has `ctas` CTAs unsplit.
-size_t sparse_workspace_bytes(int device_index, int64_t tokens, int64_t ctas, int h_q);
+// Workspace for `problems` problems of s_pack query tokens x h_q heads whose grid has at least
+// `ctas` CTAs unsplit (the bound on their splits).
+size_t sparse_workspace_bytes(int device_index, int64_t problems, int64_t s_pack, int64_t ctas,
+                              int h_q);
 // Plans the splits of `p` (q/out/lse, caches, indices, tokens, h_q and scales filled), lays out
 // the partials in `workspace`, launches the kernel and the combine. `prefill` (sparse prefill's
 // bf16 kv) picks the staggered compute orders, measured faster there (sparse_decode/NOTES.md).
@@ -52,6 +54,5 @@ Status launch_sparse_attention(SparseDecodeParams& p, int d_qk, int64_t max_tile
 
 template <int kHeadDimQK, bool kDense>
 cudaError_t launch_sparse_decode_kernel(const SparseDecodeParams& params, cudaStream_t stream);
-cudaError_t launch_sparse_decode_combine(const SparseDecodeParams& params, cudaStream_t stream);
 
 }  // namespace openmla::cuda::sm90

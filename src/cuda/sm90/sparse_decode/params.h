@@ -76,12 +76,14 @@ struct SparseDecodeParams {
 
   SparseFusedParams fused;  // fused.on: the fused V4 attention (out and out_stride_* unused)
 
-  // Split partials (num_splits > 1), row-major and independent of any register layout:
-  // o_partial [num_splits, tokens, h_q, 512] fp32 (unnormalised-free: already divided by the
-  // split's row sum), lse_partial [num_splits, tokens, h_q] (-inf: the split saw no key).
+  // Split partials (num_splits > 1) in the split-KV combine's format (cuda/common/combine.h,
+  // with problem q's split s the global split q num_splits + s, its slot too): o_partial its
+  // "o_accum" blocks (normalised fp32 in the accumulators' order), lse_partial its "lse_accum"
+  // [global split, s_pack, h_q] (-inf: the split saw no key), max_partial laid out as lse_partial
+  // (with max_logits).
   float* o_partial;
   float* lse_partial;
-  float* max_partial;  // [num_splits, tokens, h_q] (with max_logits)
+  float* max_partial;
 
   // Dense mode (dense decode over a quantised cache; block_table non-null): request i's keys are
   // its first L_i cache positions through its block table instead of an index list (cache[0]
@@ -101,7 +103,6 @@ struct SparseDecodeParams {
   int s_pack;           // query tokens per problem: 1 (sparse: own indices) or s_q (dense)
   int problems;         // tokens / s_pack: the decode grid's z
   int problem0;         // the first problem of a decode launch (grids of at most 65535)
-  int token0;           // the first token of a combine launch (likewise)
   int m_blocks;         // ceil(s_pack * h_q / 64)
   int num_splits;       // the grid's y
   int tiles_per_split;  // 64-key tiles of a problem each split walks (sparse mode; dense mode

@@ -14,7 +14,7 @@ namespace openmla::cuda::sm90 {
 size_t sparse_prefill_workspace_size(int device_index, int s_q, int h_q, int d_v) {
   if (s_q <= 0 || h_q <= 0 || d_v <= 0) return 0;
   // A kv head's launch has s_q x ceil(group / 64) >= s_q CTAs and group <= h_q heads.
-  return sparse_workspace_bytes(device_index, s_q, s_q, h_q);
+  return sparse_workspace_bytes(device_index, s_q, 1, s_q, h_q);
 }
 
 Status sparse_prefill(const SparsePrefillArgs& args, const core::SparsePrefillShape& shape,
