@@ -9,7 +9,7 @@
 namespace openmla::core {
 
 // Splits of one problem at most: enough to fill every SM even for one CTA a problem (b 1 over a
-// long dense context). The combine kernel sizes its shared weights by it.
+// long dense context). The workspace's partials are sized by it (sparse_decode/launch.cu).
 constexpr int kSparseMaxSplits = 256;
 
 struct SparseSplitPlan {

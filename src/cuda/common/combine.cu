@@ -386,7 +386,9 @@ cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_d
     config.dynamicSmemBytes = smem_bytes;
     config.stream = stream;
     config.attrs = attribute;
-    config.numAttrs = programmatic ? 1 : 0;
+    // Only the first grid may start under the decode kernel: a later one's blocks could all be
+    // requests of one split, which exit without griddepcontrol.wait.
+    config.numAttrs = programmatic && chunk.request0 == 0 ? 1 : 0;
     if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, chunk); err != cudaSuccess) {
       return err;
     }

@@ -68,9 +68,10 @@ struct DecodeCombineParams {
 // request has a few splits, up to 8 when one long request is split over every worker.
 int decode_combine_warps_per_row(int batch, int num_sm_parts);
 
-// d_v is 512. `out_dtype` is kBF16 or kFP16 (kBF16 with fused.on). One launch on `stream`, PDL-attributed unless
-// `programmatic` is false (then it starts after the decode kernel ends: a diagnostic that times
-// the combine's own work apart from its wait).
+// d_v is 512. `out_dtype` is kBF16 or kFP16 (kBF16 with fused.on). Launched on `stream`, the
+// first grid of 65535 requests PDL-attributed unless `programmatic` is false (then it starts
+// after the decode kernel ends: a diagnostic that times the combine's own work apart from its
+// wait); later grids wait for all earlier work of the stream.
 cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_dtype,
                                   cudaStream_t stream, bool programmatic = true);
 

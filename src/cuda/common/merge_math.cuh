@@ -30,9 +30,10 @@ __device__ __forceinline__ OnlineStep online_add(float& max_lse, float& sum, flo
   return step;
 }
 
-// The attention sink's factor on a merged row: 1 / (1 + e^(sink - lse)) (1 with no key: lse +inf).
+// The attention sink's factor on a merged row: 1 / (1 + e^(sink - lse)); 1 for a row without
+// keys (lse +inf, out 0), whatever the sink (+inf too).
 __device__ __forceinline__ float sink_factor(float sink, float lse) {
-  return 1.f / (1.f + expf(sink - lse));
+  return lse == INFINITY ? 1.f : 1.f / (1.f + expf(sink - lse));
 }
 
 }  // namespace openmla::cuda::merge_math

@@ -18,7 +18,6 @@ int64_t m_blocks(int64_t s_q, int64_t h_q) { return (s_q * h_q + 63) / 64; }
 
 size_t dense_decode_kv_cache_workspace_size(int device_index, int batch, int s_q, int h_q) {
   if (batch <= 0 || s_q <= 0 || h_q <= 0) return 0;
-  const int64_t tokens = static_cast<int64_t>(batch) * s_q;
   return sparse_workspace_bytes(device_index, batch, s_q, batch * m_blocks(s_q, h_q), h_q);
 }
 

@@ -8,10 +8,6 @@
 
 namespace openmla::cuda::sm90 {
 
-// The most splits a query token's key list is cut into (core/sparse_split_plan.h; the combine
-// keeps one weight a split in shared memory).
-constexpr int kSparseMaxSplits = core::kSparseMaxSplits;
-
 // One paged cache as the producer warps read it (all in bytes; kv_format.h's KVLayout).
 struct SparseCacheParams {
   const uint8_t* base = nullptr;
