@@ -17,10 +17,11 @@ run_b() {  # run_b NAME MAXSECONDS CMD...: runs CMD if at least 20 s are left, f
   timeout $t "$@" >> "$OUT/bench.txt" 2>&1
   note "$name rc=$? (limit ${t}s)"
 }
-run_b "mha fwd vs torch" 70 python3 bench/mha_prefill_vs_torch.py --quick --rounds 5 --json "$OUT/mha.json"
-run_b "fused bench" 150 python3 bench/fused_vs_unfused.py --json "$OUT/fused.json"
-run_b "mha orders" 40 build-device/bench/openmla_bench_mha_prefill --quick
-run_b "mha bwd vs torch" 70 python3 bench/mha_prefill_backward_vs_torch.py --quick --json "$OUT/bwd.json"
+export PYTHONUNBUFFERED=1  # rows printed so far survive a step's timeout
+run_b "mha fwd vs torch" 60 python3 bench/mha_prefill_vs_torch.py --quick --rounds 5 --json "$OUT/mha.json"
+run_b "mha orders" 35 build-device/bench/openmla_bench_mha_prefill --quick
+run_b "fused bench" 120 python3 bench/fused_vs_unfused.py --rounds 10 --json "$OUT/fused.json"
+run_b "mha bwd vs torch" 60 python3 bench/mha_prefill_backward_vs_torch.py --quick --json "$OUT/bwd.json"
 run_b "sparse bench" 100 python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared
 run_b "latency ab" 90 bash -c 'nvcc -std=c++20 -O2 -gencode=arch=compute_90a,code=sm_90a \
   --expt-relaxed-constexpr -Isrc -Iinclude -I.deps/cutlass-4.2.0/include \
