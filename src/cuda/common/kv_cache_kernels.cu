@@ -21,12 +21,14 @@
 #include "core/fp8_row_scale.h"
 #include "cuda/common/kv_cache_kernels.h"
 #include "cuda/common/kv_codec.cuh"
+#include "cuda/common/kv_codec_dispatch.cuh"
 #include "cuda/sm90/attention/launch.h"
 
 namespace openmla::cuda {
 namespace {
 
 using kvcodec::Codec;
+using kvcodec::CodecTag;
 using sm90::attention::cuda_error;
 using sm90::attention::device_facts;
 using sm90::attention::DeviceFacts;
@@ -325,40 +327,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 }
 
 // --- dispatch ----------------------------------------------------------------------------------
-template <Codec C>
-using CodecTag = std::integral_constant<Codec, C>;
-template <int D>
-using DimsTag = std::integral_constant<int, D>;
-
-// Calls fn(CodecTag<...>) for a cache format (validated, so the default is unreachable).
-template <typename F>
-auto with_cache_codec(KVFormat format, F&& fn) {
-  switch (format) {
-    case KVFormat::kBF16:
-      return fn(CodecTag<Codec::kBF16>{});
-    case KVFormat::kFP16:
-      return fn(CodecTag<Codec::kFP16>{});
-    case KVFormat::kFP8_V32:
-      return fn(CodecTag<Codec::kFP8_V32>{});
-    case KVFormat::kFP8_Model1:
-      return fn(CodecTag<Codec::kFP8_Model1>{});
-    case KVFormat::kFP8_MX:
-      return fn(CodecTag<Codec::kFP8_MX>{});
-    case KVFormat::kFP4:
-      return fn(CodecTag<Codec::kFP4>{});
-  }
-  return fn(CodecTag<Codec::kBF16>{});
-}
-// A dense row's codec: bf16 or fp32 (validated).
-template <typename F>
-auto with_dense_codec(DType dtype, F&& fn) {
-  return dtype == DType::kFP32 ? fn(CodecTag<Codec::kF32>{}) : fn(CodecTag<Codec::kBF16>{});
-}
-template <typename F>
-auto with_dims(int64_t d_qk, F&& fn) {
-  return d_qk == 576 ? fn(DimsTag<576>{}) : fn(DimsTag<512>{});
-}
-
 template <typename Params>
 using Kernel = void (*)(Params);
 
@@ -366,7 +334,7 @@ using Kernel = void (*)(Params);
 // (validation rules those out: both codecs hold d_qk dims).
 template <template <Codec, Codec, int> class K, typename Params>
 Kernel<Params> pick(int64_t d_qk, auto src_tag, auto dst_tag) {
-  return with_dims(d_qk, [&](auto dims) -> Kernel<Params> {
+  return kvcodec::with_dims(d_qk, [&](auto dims) -> Kernel<Params> {
     constexpr Codec kSrc = decltype(src_tag)::value;
     constexpr Codec kDst = decltype(dst_tag)::value;
     constexpr int kD = decltype(dims)::value;
@@ -451,8 +419,8 @@ Status kv_cache_write_launch(const KVCacheWriteArgs& args, const core::KVCacheWr
   p.num_tokens = shape.num_tokens;
   p.cache = make_view(args.cache);
   p.slots_fit_32 = p.cache.num_slots <= kMax32;
-  const Kernel<WriteParams> kernel = with_dense_codec(args.kv.dtype, [&](auto src) {
-    return with_cache_codec(args.cache.layout.format, [&](auto dst) {
+  const Kernel<WriteParams> kernel = kvcodec::with_dense_codec(args.kv.dtype, [&](auto src) {
+    return kvcodec::with_cache_codec(args.cache.layout.format, [&](auto dst) {
       return pick<WriteKernelOf, WriteParams>(shape.d_qk, src, dst);
     });
   });
@@ -468,8 +436,9 @@ Status kv_cache_gather_launch(const KVCacheGatherArgs& args, const core::KVCache
   p.out_row_bytes = args.out.strides[0] * static_cast<int64_t>(dtype_size_bytes(args.out.dtype));
   p.num_tokens = shape.num_tokens;
   p.slots_fit_32 = p.cache.num_slots <= kMax32;
-  const Kernel<GatherParams> kernel = with_cache_codec(args.cache.layout.format, [&](auto src) {
-    return with_dense_codec(args.out.dtype, [&](auto dst) {
+  const KVFormat format = args.cache.layout.format;
+  const Kernel<GatherParams> kernel = kvcodec::with_cache_codec(format, [&](auto src) {
+    return kvcodec::with_dense_codec(args.out.dtype, [&](auto dst) {
       return pick<GatherKernelOf, GatherParams>(shape.d_qk, src, dst);
     });
   });
@@ -487,7 +456,7 @@ Status kv_cache_gather_listed_launch(const KVCache& cache, int64_t d_qk, const i
   p.num_tokens = capacity;
   p.slots_fit_32 = p.cache.num_slots <= kMax32;
   p.live_count = live_count;
-  const Kernel<GatherParams> kernel = with_cache_codec(cache.layout.format, [&](auto src) {
+  const Kernel<GatherParams> kernel = kvcodec::with_cache_codec(cache.layout.format, [&](auto src) {
     return pick<GatherKernelOf, GatherParams>(d_qk, src,
                                               CodecTag<Codec::kBF16>{});
   });
@@ -505,7 +474,8 @@ Status kv_cache_gather_listed_fp8_launch(const KVCache& cache, int64_t d_qk, con
   p.num_tokens = capacity;
   p.slots_fit_32 = p.cache.num_slots <= kMax32;
   p.live_count = live_count;
-  const Kernel<Fp8RowsParams> kernel = with_cache_codec(cache.layout.format, [&](auto src) {
+  const KVFormat format = cache.layout.format;
+  const Kernel<Fp8RowsParams> kernel = kvcodec::with_cache_codec(format, [&](auto src) {
     return pick<Fp8RowsKernelOf, Fp8RowsParams>(d_qk, src, CodecTag<Codec::kBF16>{});
   });
   return launch("sparse_prefill", kernel, p, capacity, stream);
@@ -523,8 +493,9 @@ Status kv_cache_convert_launch(const KVCacheConvertArgs& args,
   }
   p.num_tokens = shape.num_blocks * shape.page_size;
   p.tokens_fit_32 = p.num_tokens <= kMax32;
-  const Kernel<ConvertParams> kernel = with_cache_codec(args.src.layout.format, [&](auto src) {
-    return with_cache_codec(args.dst.layout.format, [&](auto dst) {
+  const KVFormat src_format = args.src.layout.format;
+  const Kernel<ConvertParams> kernel = kvcodec::with_cache_codec(src_format, [&](auto src) {
+    return kvcodec::with_cache_codec(args.dst.layout.format, [&](auto dst) {
       return pick<ConvertKernelOf, ConvertParams>(shape.d_qk, src, dst);
     });
   });
