@@ -452,7 +452,6 @@ bool apply_knobs() {
     else if (name == "evict_normal_from") tuning.evict_normal_from = value;
     else if (name == "skip_combine") tuning.skip_combine = value;
     else if (name == "combine_pdl") tuning.combine_pdl = value;
-    else if (name == "combine_batched") tuning.combine_batched = value;
     else if (name == "q_tma") tuning.q_tma = value;
     else if (name == "output_stores") tuning.output_stores = value;
     else if (name == "q_issuers") tuning.q_issuers = value;

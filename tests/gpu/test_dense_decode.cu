@@ -296,12 +296,9 @@ TEST(DenseDecodeSmall, Fp16D512SplitAcrossWorkers) {
             .num_sm_parts = 3, .seed = 4});
 }
 
-// The combine's staged loop (combine_batched 1) under memcheck: one request over 80 workers
-// (one slot a lane, 8 warps a unit, two batches a warp, the last partial) and three requests
-// over 20 (eight slots, 2 warps a unit, batches of 2 with a clamped index).
-TEST(DenseDecodeSmall, CombineStaged) {
-  TuningScope scope;
-  scope.tuning.combine_batched = 1;
+// The combine under memcheck: one request over 80 workers (one slot a lane, 8 warps a unit)
+// and three requests over 20 (eight slots, 2 warps a unit).
+TEST(DenseDecodeSmall, CombineUnits) {
   run_case({.h_q = 16, .seqlens = {5000}, .num_sm_parts = 80, .seed = 5});
   run_case({.s_q = 2, .h_q = 12, .seqlens = {900, 1300, 700}, .causal = true, .num_sm_parts = 20,
             .seed = 6});
@@ -465,28 +462,20 @@ TEST(DenseDecode, QLoadPaths) {
   }
 }
 
-// The combine's two loops (DenseDecodeTuning::combine_batched): splits staged in shared memory by
-// cp.async, 8 a warp with one slot a lane (one long request; several batches and a partial last
-// one at 70001 keys), 2 with eight (G = 1, 2, 4: few workers, batches of 10 and 24), and one
-// split's loads at a time.
-TEST(DenseDecode, CombineLoops) {
-  TuningScope scope;
-  auto& tuning = scope.tuning;
+// The combine's unit shapes: one slot a lane (one long request over every worker, 70001 keys)
+// and eight (G = 1, 2, 4: 10 and 24 requests over the workers).
+TEST(DenseDecode, CombineUnits) {
   Rng rng(339);
   std::vector<int> ten(10), many(24);
   for (int& l : ten) l = static_cast<int>(rng.randint(300, 2500));
   for (int& l : many) l = static_cast<int>(rng.randint(300, 2500));
   uint64_t seed = 340;
-  for (int mode : {1, 0}) {
-    tuning.combine_batched = mode;
-    SCOPED_TRACE("combine_batched " + std::to_string(mode));
-    run_case({.h_q = 16, .seqlens = {70001}, .seed = seed++});
-    run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 128, .seqlens = {40000}, .seed = seed++});
-    run_case({.s_q = 2, .h_q = 40, .h_kv = 2, .seqlens = ten, .causal = true, .seed = seed++});
-    run_case({.h_q = 24, .seqlens = many, .seed = seed++, .out_gap = 2});
-    run_case({.s_q = 2, .h_q = 128, .page_size = 32, .seqlens = {0, 300, 129, 700},
-              .causal = true, .num_sm_parts = 5, .seed = seed++});
-  }
+  run_case({.h_q = 16, .seqlens = {70001}, .seed = seed++});
+  run_case({.dtype = DType::kFP16, .d_qk = 512, .h_q = 128, .seqlens = {40000}, .seed = seed++});
+  run_case({.s_q = 2, .h_q = 40, .h_kv = 2, .seqlens = ten, .causal = true, .seed = seed++});
+  run_case({.h_q = 24, .seqlens = many, .seed = seed++, .out_gap = 2});
+  run_case({.s_q = 2, .h_q = 128, .page_size = 32, .seqlens = {0, 300, 129, 700},
+            .causal = true, .num_sm_parts = 5, .seed = seed++});
 }
 
 // The output of unsplit requests every way: through shared memory and TMA stores (out_tma, the
@@ -687,7 +676,8 @@ TEST(DenseDecode, CombineWarpsPerRowPair) {
 // One process, two GPUs: a kernel's opt-in to > 48 KB of shared memory holds for one device
 // only (cuda/common/smem_opt_in.h). Before session 14 it was made once per process, and every
 // decode on the second device failed. Splits over 10 requests: the decode kernel (~221 KB), the
-// planner and the combine (staged: four warps a unit, ~101 KB) on each device, then device 0 again.
+// planner and the combine (four warps a unit, ~36 KB of shared memory) on each device, then
+// device 0 again.
 TEST(DenseDecodeMultiGpu, SecondDeviceInTheSameProcess) {
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
@@ -696,8 +686,6 @@ TEST(DenseDecodeMultiGpu, SecondDeviceInTheSameProcess) {
   std::vector<int> lens(10);
   for (int& l : lens) l = static_cast<int>(rng.randint(300, 2500));
   uint64_t seed = 180;
-  TuningScope scope;
-  scope.tuning.combine_batched = 1;
   for (int device : {0, 1, 0, 1}) {
     run_case({.h_q = 16, .seqlens = lens, .seed = seed++, .device = device});
     run_case({.h_q = 64, .seqlens = lens, .num_sm_parts = 200, .seed = seed++, .device = device});

@@ -5,8 +5,7 @@
 // for 16-row group w reads float4 slot * 32 G + 32 w + l of each of its slots (32 wg + k), so
 // every load instruction is 512 contiguous bytes, and sums them over the splits with its rows'
 // weights, in one pass with a running max; a 4 x 4 transpose in each quad then gives every lane 8
-// contiguous dims of one n-block for 16-byte stores. A warp stages a few splits at a time in
-// shared memory by cp.async (loads_batched), so their loads are in flight together.
+// contiguous dims of one n-block for 16-byte stores.
 // A unit (one warp, or G = params.warps_per_row warps that deal the splits and meet once in
 // shared memory) is 8 slots of a 16-row group (G <= 4) or 1 (G = 8: one long request, few rows,
 // 8x the blocks). With G = 1 a unit needs no barrier at all. (Before session 10 the decode
@@ -20,7 +19,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_pipeline_primitives.h>
 
 #include <cmath>
 
@@ -30,22 +28,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kDimV = 512;  // d_v (combine.h)
-// Splits a warp stages at a time through shared memory (loads_batched): 8 of one slot a lane
-// (G = 8), 2 of eight slots.
-constexpr int stage_splits(int slots) { return slots == 1 ? 8 : 2; }
 
-// Float4s of the G warps' sums and stats (G > 1), where the staging starts.
+// Float4s of the G warps' sums and stats (G > 1): the block's dynamic shared memory.
 constexpr int merge_float4s(int slots, int G) { return G > 1 ? kWarps * (slots + 1) * 32 : 0; }
-
-// Dynamic shared memory of a block: the G warps' sums and stats, then each warp's staging (its
-// splits' partials, then the 16 lse values of each).
-size_t combine_smem_bytes(int slots, int G, bool batched) {
-  size_t bytes = sizeof(float4) * merge_float4s(slots, G);
-  if (batched) {
-    bytes += (sizeof(float4) * slots * 32 + sizeof(float) * 16) * kWarps * stage_splits(slots);
-  }
-  return bytes;
-}
 
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -77,8 +62,7 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   constexpr int kChunks = 64 / kSlots;  // units a 16-row group's 64 slots are dealt over
-  // G > 1: each warp's partial sums (kSlots x 32), then stats; then each warp's staging
-  // (loads_batched; combine_smem_bytes).
+  // G > 1: each warp's partial sums (kSlots x 32), then stats.
   extern __shared__ float4 part[];
   const int G = p.warps_per_row;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -149,65 +133,16 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeCo
         acc[v].w = acc[v].w * c1 + w1 * x.w;
       }
     };
-    if (p.loads_batched) {
-      // Loaded one split at a time, a split costs up to a whole memory latency or more: ptxas
-      // issues each load just ahead of its use (one register reused by all 16 splits of a
-      // one-slot warp, the eight slots of a split in ~3 waves), however the loop is unrolled,
-      // and in-order issue waits for it. So kStage splits at a time go to shared memory by
-      // cp.async, all in flight together, and the same arithmetic in the same order reads them
-      // back. (An index past the warp's splits copies split i0 again and counts as lse -inf.)
-      constexpr int kStage = stage_splits(kSlots);
-      float4* sx = part + merge_float4s(kSlots, G) + warp * kStage * kSlots * 32;
-      float* sl = reinterpret_cast<float*>(part + merge_float4s(kSlots, G) +
-                                           kWarps * kStage * kSlots * 32) +
-                  warp * kStage * 16;
-      // Lane j < 16 copies the lse of the warp's row j % 8 (+ 8 from j = 8): lane 4 (j % 8)'s.
-      const auto row_of_lane = [&](const float* ptr) {
-        return reinterpret_cast<const float*>(__shfl_sync(
-            0xffffffffu, reinterpret_cast<unsigned long long>(ptr), 4 * (lane % 8)));
-      };
-      const float* row_lo = row_of_lane(lse0);
-      const float* row_hi = row_of_lane(lse1);
-      const float* lse_src = lane < 8 ? row_lo : row_hi;
-      for (int i0 = g; i0 < n; i0 += kStage * G) {
-#pragma unroll
-        for (int b = 0; b < kStage; ++b) {
-          const int i = i0 + b * G < n ? i0 + b * G : i0;
-#pragma unroll
-          for (int v = 0; v < kSlots; ++v) {
-            __pipeline_memcpy_async(sx + (b * kSlots + v) * 32 + lane,
-                                    o + i * split_stride + v * lanes, 16);
-          }
-          if (lane < 16) {
-            __pipeline_memcpy_async(sl + b * 16 + lane,
-                                    lse_src + static_cast<int64_t>(i) * rows, 4);
-          }
-        }
-        __pipeline_commit();
-        __pipeline_wait_prior(0);
-        __syncwarp();  // the other lanes' lse copies
-#pragma unroll
-        for (int b = 0; b < kStage; ++b) {
-          const bool in = i0 + b * G < n;
-          float4 x[kSlots];
-#pragma unroll
-          for (int v = 0; v < kSlots; ++v) x[v] = sx[(b * kSlots + v) * 32 + lane];
-          add_split(in ? sl[b * 16 + lane / 4] : -INFINITY,
-                    in ? sl[b * 16 + 8 + lane / 4] : -INFINITY, x);
-        }
-        __syncwarp();  // every lane's reads before the next batch's copies
-      }
-    } else {
-      // Loads unconditional (a split that saw no key, lse -inf, weighs 0 by a select after its
-      // load). (The loop before session 14, kept until the A/B.)
-      constexpr int kUnroll = kSlots == 1 ? 16 : 2;
+    // Loads unconditional (a split that saw no key, lse -inf, weighs 0 by a select after its
+    // load). (Staging 8 or 2 splits a warp in shared memory by cp.async, all in flight together,
+    // measured -3.5 to +2.2 µs by shape: removed, NOTES.md.)
+    constexpr int kUnroll = kSlots == 1 ? 16 : 2;
 #pragma unroll kUnroll
-      for (int i = g; i < n; i += G) {
-        float4 x[kSlots];
+    for (int i = g; i < n; i += G) {
+      float4 x[kSlots];
 #pragma unroll
-        for (int v = 0; v < kSlots; ++v) x[v] = __ldg(o + i * split_stride + v * lanes);
-        add_split(lse0[static_cast<int64_t>(i) * rows], lse1[static_cast<int64_t>(i) * rows], x);
-      }
+      for (int v = 0; v < kSlots; ++v) x[v] = __ldg(o + i * split_stride + v * lanes);
+      add_split(lse0[static_cast<int64_t>(i) * rows], lse1[static_cast<int64_t>(i) * rows], x);
     }
   }
   if (G > 1) {  // the unit's G warps meet: its first merges them
@@ -329,8 +264,8 @@ cudaError_t launch_decode_combine(const DecodeCombineParams& params, DType out_d
                                    : decode_combine_kernel<__half, 8>)
                            : (bf16 ? decode_combine_kernel<__nv_bfloat16, 1>
                                    : decode_combine_kernel<__half, 1>);
-  // Up to ~101 KB (eight slots, G = 4, staged).
-  const size_t smem_bytes = combine_smem_bytes(slots, G, params.loads_batched);
+  // Up to ~36 KB (eight slots, G = 4).
+  const size_t smem_bytes = sizeof(float4) * merge_float4s(slots, G);
   if (const cudaError_t err = allow_dynamic_smem(kernel, smem_bytes); err != cudaSuccess) {
     return err;
   }

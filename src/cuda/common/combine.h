@@ -39,10 +39,6 @@ struct DecodeCombineParams {
   // outside it (a corrupted caller's schedule) is left unwritten, never read out of bounds.
   int max_splits = 0, max_slots = 0;
   int warps_per_row = 1;  // 1, 2, 4 or 8 warps share a unit's splits (decode_combine_warps_per_row)
-  // A warp's loads of several splits in flight together, staged in shared memory by cp.async
-  // (true, session 14), or one split's at a time (false: the loop before, kept until a same-run
-  // A/B has measured the two; dense_decode NOTES.md).
-  bool loads_batched = false;
 };
 
 // The warps per row for a schedule of `num_sm_parts` workers over `batch` requests: 1 when a

@@ -330,7 +330,6 @@ Status launch_dense_decode(const DenseDecodeArgs& args, const core::DenseDecodeS
   combine.h_kv = params.h_kv;
   combine.out_16B = strides_aligned(args.out, 8);
   combine.warps_per_row = decode_combine_warps_per_row(params.batch, parts);
-  combine.loads_batched = tuning.combine_batched != 0;
   return cuda_error(kOp, "combine launch",
                     launch_decode_combine(combine, args.q.dtype, stream, tuning.combine_pdl != 0));
 }

@@ -50,10 +50,6 @@ struct DenseDecodeTuning {
   // Diagnostics only: 0 launches the combine without programmatic dependent launch (it starts
   // once the decode kernel has ended), so its own time shows apart from its wait for the decode.
   int combine_pdl = 1;
-  // 1: each combine warp stages 8 (one slot a lane) or 2 (eight slots) splits at a time in
-  // shared memory by cp.async, all in flight together (session 14); 0: one split's loads at a
-  // time. Same-run A/B (session 16): -3.5 to +2.2 µs by shape, no clear win, so 0 stays.
-  int combine_batched = 0;
   // device buffer: 3 x trace_pairs x 16 clock64 stamps of CTA 0, then kTraceMaxCtas x 6 CTA spans,
   // then 3 x kTraceRequests x kTraceRequestEvents request stamps of CTA 0 (params.h)
   long long* trace = nullptr;
