@@ -19,7 +19,6 @@ run_b() {  # run_b NAME MAXSECONDS CMD...: runs CMD if at least 20 s are left, f
 }
 export PYTHONUNBUFFERED=1  # rows printed so far survive a step's timeout
 run_b "mha fwd vs torch" 60 python3 bench/mha_prefill_vs_torch.py --quick --rounds 5 --json "$OUT/mha.json"
-run_b "mha orders" 35 build-device/bench/openmla_bench_mha_prefill --quick
 run_b "fused bench" 120 python3 bench/fused_vs_unfused.py --rounds 10 --json "$OUT/fused.json"
 run_b "mha bwd vs torch" 60 python3 bench/mha_prefill_backward_vs_torch.py --quick --json "$OUT/bwd.json"
 run_b "sparse bench" 100 python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call on binaries built here (carry build/devpack.tar.xz: build/tests/openmla_gpu_tests,
-# build/bench/openmla_bench_mha_prefill, build/pypkg; and .peers), no build on the device: the new
+# build/pypkg; and .peers), no build on the device: the new
 # kernels' correctness first (MHA prefill forward and backward, the fused V4 op), then their
 # benchmarks, then the sparse family's regression checks, each step only while LIMIT seconds allow.
 #   OUT=/dir COMMIT=<hash> LIMIT=400 bash research/device_new_kernels.sh
-# The devpack, here: cmake --build build -j 2 --target openmla_gpu_tests _C openmla_bench_mha_prefill;
-#   tools/layout_pypkg.sh build; copy build/{tests/openmla_gpu_tests,bench/openmla_bench_mha_prefill,
+# The devpack, here: cmake --build build -j 2 --target openmla_gpu_tests _C;
+#   tools/layout_pypkg.sh build; copy build/{tests/openmla_gpu_tests,
 #   pypkg} into a scratch build/ tree, strip the binaries and the .so, tar | xz into
 #   build/devpack.tar.xz (~11 MB).
 set -u
@@ -36,7 +36,6 @@ step "memcheck" 150 sanitizer.txt compute-sanitizer --tool memcheck --error-exit
 step "pytest gpu" 90 python.txt python3 -m pytest -q -o addopts="" -p no:cacheprovider \
   tests/python/test_gpu_mha_prefill.py tests/python/test_gpu_mha_backward.py tests/python/test_gpu_fused.py
 step "mha fwd vs torch" 60 bench.txt python3 bench/mha_prefill_vs_torch.py --quick --rounds 5 --json "$OUT/mha.json"
-step "mha orders" 35 bench.txt build/bench/openmla_bench_mha_prefill --quick
 step "fused bench" 120 bench.txt python3 bench/fused_vs_unfused.py --rounds 10 --json "$OUT/fused.json"
 step "mha bwd vs torch" 60 bench.txt python3 bench/mha_prefill_backward_vs_torch.py --quick --json "$OUT/bwd.json"
 step "sparse bench" 100 bench.txt python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared

@@ -5,9 +5,7 @@
 // (strides (1, total_q)) and row-major, strided q / k / v / out with gaps, a CUDA-graph capture,
 // and misaligned strides refused with a message naming the argument. Outputs start poisoned
 // (0xFF: NaN); a row the kernel forgot, or a byte written in a gap, shows. Each failing row is
-// reported by (sequence, token, head). Every case runs both orders of the kernel's compute loop
-// (pipelined, the default the public API takes, and plain: sm90/mha_prefill/launch.h), so a
-// failure names the order too. *Small* tests also run under memcheck.
+// reported by (sequence, token, head). *Small* tests also run under memcheck.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -19,8 +17,6 @@
 #include <vector>
 
 #include "common/test_data.h"
-#include "core/validate_mha.h"
-#include "cuda/sm90/mha_prefill/launch.h"
 #include "gpu/gpu_test_util.h"
 #include "openmla/openmla.h"
 
@@ -187,36 +183,20 @@ void compare(const MhaGpuProblem& p, const HostTensor& out, const HostTensor& ls
   gaps_poisoned(lse, "lse");
 }
 
-// The GPU call in one order: pipelined through the public API (its default), plain through the
-// family's launcher with the order forced.
-Status run_gpu(const MhaPrefillArgs& a, bool pipelined, cudaStream_t stream = nullptr) {
-  if (pipelined) return mha_prefill(a, stream);
-  core::MhaPrefillShape shape;
-  OPENMLA_RETURN_IF_ERROR(core::validate_mha_prefill(a, &shape));
-  cuda::sm90::MhaFwdTuning tuning;
-  tuning.pipelined = 0;
-  return cuda::sm90::mha_prefill_forward(a, shape, stream, tuning);
-}
-
 void check(const MhaGpuCase& c) {
   SCOPED_TRACE(c.name());
   MhaGpuProblem p(c);
   const Status st = mha_prefill(p.cpu);
   ASSERT_TRUE(st.ok()) << st.message();
-  // Plain first: if the pipelined order's turns hang the call, the plain order's rows (the same
-  // math without the ping-pong) are already in the log.
-  for (bool pipelined : {false, true}) {
-    SCOPED_TRACE(pipelined ? "order: pipelined" : "order: plain");
-    p.dout.buffer.poison();
-    p.dlse.buffer.poison();
-    const Status gst = run_gpu(p.gpu, pipelined);
-    ASSERT_TRUE(gst.ok()) << gst.message();
-    synchronize();
-    HostTensor out = same_layout(p.out), lse = same_layout(p.lse);
-    copy_to_host(p.dout, &out);
-    copy_to_host(p.dlse, &lse);
-    compare(p, out, lse);
-  }
+  p.dout.buffer.poison();
+  p.dlse.buffer.poison();
+  const Status gst = mha_prefill(p.gpu);
+  ASSERT_TRUE(gst.ok()) << gst.message();
+  synchronize();
+  HostTensor out = same_layout(p.out), lse = same_layout(p.lse);
+  copy_to_host(p.dout, &out);
+  copy_to_host(p.dlse, &lse);
+  compare(p, out, lse);
 }
 
 // Every (d_qk, dtype, causal) family on one batch.
@@ -313,11 +293,11 @@ TEST(MhaPrefillGpu, SmallGraphCapture) {
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   cudaGraph_t graph;
   check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-  const Status st = run_gpu(p.gpu, true, stream);
-  const Status st_plain = run_gpu(p.gpu, false, stream);  // the same output written twice
+  const Status st = mha_prefill(p.gpu, stream);
+  const Status st_again = mha_prefill(p.gpu, stream);  // the same output written twice
   check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
   ASSERT_TRUE(st.ok()) << st.message();
-  ASSERT_TRUE(st_plain.ok()) << st_plain.message();
+  ASSERT_TRUE(st_again.ok()) << st_again.message();
   cudaGraphExec_t exec;
   check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   for (int replay = 0; replay < 2; ++replay) {

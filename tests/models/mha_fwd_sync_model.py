@@ -8,7 +8,7 @@ have try_wait.parity semantics (a wait for parity P passes while the completed-p
 odd for P = 0, even for P = 1: it cannot tell phase P from P + 2, which is the hazard); the
 ping-pong's named barriers count warpgroups.
 
-Checked, for block counts 0..8, both orders (plain, pipelined), many schedules each:
+Checked, for block counts 0..8, many schedules each:
   * no deadlock;
   * a named barrier generation never takes two arrivals from one warpgroup, and none is left
     part-way at exit;
@@ -118,7 +118,7 @@ def tma(w: World, rng: random.Random):
         w.land(rng)
 
 
-def consumer(w: World, wg: int, pipelined: bool):
+def consumer(w: World, wg: int):
     who = f"WG{wg}"
     n_end = w.n
     if n_end == 0:
@@ -137,59 +137,45 @@ def consumer(w: World, wg: int, pipelined: bool):
     def turn_pass():
         w.bar_arrive(other, wg)
 
-    if not pipelined:
-        for n in range(n_end):
-            s = n % STAGES
-            yield lambda b=f"k_full{s}", p=ph(n): w.passed(b, p)
-            w.read_begin(f"k{s}", n, who)
-            yield None
-            w.read_end(f"k{s}")
-            w.arrive(f"k_empty{s}", 4)
-            yield lambda b=f"v_full{vst(n)}", p=ph(n): w.passed(b, p)
-            w.read_begin(f"v{vst(n)}", n, who)
-            yield None
-            w.read_end(f"v{vst(n)}")
-            w.arrive(f"v_empty{vst(n)}", 4)
-    else:
-        if wg == 1 and w.mut != "no_first_pass":
-            turn_pass()
-        yield lambda: w.passed("k_full0", 0)
-        yield from turn_wait()
-        w.read_begin("k0", 0, who)
+    if wg == 1 and w.mut != "no_first_pass":
         turn_pass()
-        if w.mut == "early_k_release":
-            w.arrive("k_empty0", 4)
-        yield None
-        w.read_end("k0")
-        if w.mut != "early_k_release":
-            w.arrive("k_empty0", 4)
-        for n in range(1, n_end):
-            s, sp = n % STAGES, vst(n - 1)
-            yield lambda b=f"k_full{s}", p=ph(n): w.passed(b, p)
-            yield from turn_wait()
-            w.read_begin(f"k{s}", n, who)
-            yield lambda b=f"v_full{sp}", p=ph(n - 1): w.passed(b, p)
-            w.read_begin(f"v{sp}", n - 1, who)
-            turn_pass()
-            yield None  # wgmma.wait_group 1: S(n) done
-            w.read_end(f"k{s}")
-            w.arrive(f"k_empty{s}", 4)
-            yield None  # softmax, then wait_group 0: P V(n-1) done
-            w.read_end(f"v{sp}")
-            w.arrive(f"v_empty{sp}", 4)
-        sl = vst(n_end - 1)
-        yield lambda b=f"v_full{sl}", p=ph(n_end - 1): w.passed(b, p)
+    yield lambda: w.passed("k_full0", 0)
+    yield from turn_wait()
+    w.read_begin("k0", 0, who)
+    turn_pass()
+    if w.mut == "early_k_release":
+        w.arrive("k_empty0", 4)
+    yield None
+    w.read_end("k0")
+    if w.mut != "early_k_release":
+        w.arrive("k_empty0", 4)
+    for n in range(1, n_end):
+        s, sp = n % STAGES, vst(n - 1)
+        yield lambda b=f"k_full{s}", p=ph(n): w.passed(b, p)
         yield from turn_wait()
-        w.read_begin(f"v{sl}", n_end - 1, who)
-        if wg == 0 or w.mut == "wg1_last_pass":
-            turn_pass()
-        yield None
-        w.read_end(f"v{sl}")
-        w.arrive(f"v_empty{sl}", 4)
+        w.read_begin(f"k{s}", n, who)
+        yield lambda b=f"v_full{sp}", p=ph(n - 1): w.passed(b, p)
+        w.read_begin(f"v{sp}", n - 1, who)
+        turn_pass()
+        yield None  # wgmma.wait_group 1: S(n) done
+        w.read_end(f"k{s}")
+        w.arrive(f"k_empty{s}", 4)
+        yield None  # softmax, then wait_group 0: P V(n-1) done
+        w.read_end(f"v{sp}")
+        w.arrive(f"v_empty{sp}", 4)
+    sl = vst(n_end - 1)
+    yield lambda b=f"v_full{sl}", p=ph(n_end - 1): w.passed(b, p)
+    yield from turn_wait()
+    w.read_begin(f"v{sl}", n_end - 1, who)
+    if wg == 0 or w.mut == "wg1_last_pass":
+        turn_pass()
+    yield None
+    w.read_end(f"v{sl}")
+    w.arrive(f"v_empty{sl}", 4)
     w.read_end("q")
 
 
-def run(n_blocks: int, pipelined: bool, rng: random.Random, mutation: str = "") -> None:
+def run(n_blocks: int, rng: random.Random, mutation: str = "") -> None:
     w = World(n_blocks, mutation)
     w.finished = False  # the three agents are done: the TMA engine may stop once idle
     done = set()
@@ -203,8 +189,8 @@ def run(n_blocks: int, pipelined: bool, rng: random.Random, mutation: str = "") 
         w.finished = True
 
     agents = {"producer": tracked("producer", producer(w)),
-              "wg0": tracked("wg0", consumer(w, 0, pipelined)),
-              "wg1": tracked("wg1", consumer(w, 1, pipelined)),
+              "wg0": tracked("wg0", consumer(w, 0)),
+              "wg1": tracked("wg1", consumer(w, 1)),
               "tma": tma(w, rng), "watcher": watcher()}
     run_agents(agents, rng)
     for bid, arrived in w.named.items():
@@ -221,10 +207,8 @@ def main(argv) -> int:
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test(MUTATIONS, 8, args.schedules,
-                         lambda n, rng, mut: run(n, True, rng, mut))
-    configs = [(f"{'pipelined' if p else 'plain'} blocks {n}", 1000 * p + n,
-                lambda rng, n=n, p=p: run(n, p, rng))
-               for p in (False, True) for n in range(0, 9)]
+                         lambda n, rng, mut: run(n, rng, mut))
+    configs = [(f"blocks {n}", n, lambda rng, n=n: run(n, rng)) for n in range(0, 9)]
     return check_configurations(configs, args.schedules)
 
 

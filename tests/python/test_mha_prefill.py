@@ -290,17 +290,3 @@ def test_bad_packed_input():
         flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu([5]), 5, 192)
     with pytest.raises(TypeError, match="head_dim_qk"):
         flash_mla.flash_attn_varlen_kvpacked_func(qkv, qkv, cu([5]), cu([5]), 5, 5, "192")
-
-
-@pytest.mark.gpu
-def test_cuda_backward_not_implemented():
-    # The forward runs on the GPU (tests/python/test_gpu_mha_prefill.py); the backward has no
-    # GPU kernel yet.
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device visible to torch")
-    q, k, v, cu_q, cu_kv, max_q, max_kv = (x.cuda() if torch.is_tensor(x) else x
-                                           for x in inputs(192, 4, 4, seed=12))
-    out, lse = openmla.mha_prefill(q, k, v, cu_q, cu_kv, max_q, max_kv)
-    with pytest.raises(NotImplementedError, match="GPU kernel"):
-        openmla.mha_prefill_backward(torch.ones_like(out), q, k, v, out, lse, cu_q, cu_kv,
-                                     max_q, max_kv)

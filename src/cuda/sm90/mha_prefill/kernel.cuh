@@ -12,12 +12,10 @@
 //   m' = max(m, rowmax S); P = e^(S - m'); O *= e^(m - m'); l = l e^(m - m') + rowsum(P)
 //   O += P V(n) (rs wgmma, P from registers, V read MN-major) -> V handed back
 //
-// in one of two orders (kPipelined):
-//   plain      the four steps in turn, each wgmma waited for at once;
-//   pipelined  FlashAttention-3's: S(n) is issued together with P(n-1) V(n-1) and the softmax
-//              of S(n) runs while that P V is in flight (intra-warpgroup overlap); the two
-//              warpgroups take turns issuing their wgmmas (named barriers kBarTurn0/1), so one's
-//              softmax overlaps the other's products (ping-pong).
+// in FlashAttention-3's order: S(n) is issued together with P(n-1) V(n-1) and the softmax of S(n)
+// runs while that P V is in flight (intra-warpgroup overlap); the two warpgroups take turns
+// issuing their wgmmas (named barriers kBarTurn0/1), so one's softmax overlaps the other's
+// products (ping-pong).
 // The epilogue writes O / l (16-byte row stores, rows past the sequence not written) and
 // lse = m·scale + ln l (m the raw max; natural log; -inf and O = 0 for a row that sees no key).
 #pragma once
@@ -55,7 +53,7 @@ __device__ __forceinline__ void turn_pass(int wg) { bar_arrive(kBarTurn0 + (1 - 
 
 // ---------------------------------------------------------------------------------------------
 // A compute warpgroup: its 64 rows over every block, then the epilogue.
-template <class Traits, bool kPipelined>
+template <class Traits>
 __device__ __forceinline__ void consume(const MhaFwdParams& p,
                                         typename Traits::SharedStorage& smem, const Work& w,
                                         int head, int wg, int t) {
@@ -152,24 +150,7 @@ __device__ __forceinline__ void consume(const MhaFwdParams& p,
   if (w.n_end > 0) {
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, 0);
     float scale_old[2], tile_sum[2];
-    if constexpr (!kPipelined) {
-#pragma unroll 1
-      for (int n = 0; n < w.n_end; ++n) {
-        const int s = stage_of(n);
-        cutlass::arch::ClusterBarrier::wait(&smem.k_full[s], phase_of(n));
-        issue_qk(s);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        release_part(&smem.k_empty[s], lane);
-        softmax(n, scale_old, tile_sum);
-        rescale(scale_old, tile_sum);
-        pack_p<Element>(tSrS, tOrP);
-        cutlass::arch::ClusterBarrier::wait(&smem.v_full[s], phase_of(n));
-        gemm_pv(mma_pv, tOrP, at_offset(tOrV, s * Traits::kVBytes), tOrO);
-        wait_pv(tOrO, tOrP);
-        release_part(&smem.v_empty[s], lane);
-      }
-    } else {
+    {
       // Turns: each warpgroup issues n_end + 1 times (S(0); S(n) with P V(n-1) for n >= 1; the
       // last P V), WG0 first. WG1 passes once up front and skips its last pass, so every wait
       // at a barrier meets exactly one pass of the other warpgroup (none is left pending).
@@ -233,7 +214,7 @@ __device__ __forceinline__ void consume(const MhaFwdParams& p,
 
 }  // namespace mha_fwd_detail
 
-template <class Traits, bool kPipelined>
+template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     mha_fwd_kernel(const __grid_constant__ MhaFwdParams params) {
   using namespace mha_fwd_detail;
@@ -269,17 +250,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (thread == 256) produce<Traits>(params, smem, w, head, head / params.group);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
-    consume<Traits, kPipelined>(params, smem, w, head, wg, thread % 128);
+    consume<Traits>(params, smem, w, head, wg, thread % 128);
   }
 }
 
-// The launch of one instantiation (instantiations/*.cu instantiate it per Element x d_qk, both
-// orders).
-template <typename Element, int kHeadDimQK, bool kPipelined>
+// The launch of one instantiation (instantiations/*.cu instantiate it per Element x d_qk).
+template <typename Element, int kHeadDimQK>
 cudaError_t launch_mha_fwd_kernel(const MhaFwdParams& params, int m_blocks, int h_q, int batch,
                                   cudaStream_t stream) {
   using Traits = MhaFwdTraits<Element, kHeadDimQK>;
-  auto kernel = mha_fwd_kernel<Traits, kPipelined>;
+  auto kernel = mha_fwd_kernel<Traits>;
   if (const cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }

@@ -70,25 +70,17 @@ Status encode_rows_map(const TensorView& t, const char* name, int rows, CUtensor
   return Status::Ok();
 }
 
-template <typename Element, bool kPipelined>
+template <typename Element>
 cudaError_t launch_for_dims(int d_qk, const MhaFwdParams& params, int m_blocks, int h_q,
                             int batch, cudaStream_t stream) {
-  return d_qk == 192
-             ? launch_mha_fwd_kernel<Element, 192, kPipelined>(params, m_blocks, h_q, batch, stream)
-             : launch_mha_fwd_kernel<Element, 128, kPipelined>(params, m_blocks, h_q, batch, stream);
-}
-
-template <typename Element>
-cudaError_t launch_for_order(bool pipelined, int d_qk, const MhaFwdParams& params, int m_blocks,
-                             int h_q, int batch, cudaStream_t stream) {
-  return pipelined ? launch_for_dims<Element, true>(d_qk, params, m_blocks, h_q, batch, stream)
-                   : launch_for_dims<Element, false>(d_qk, params, m_blocks, h_q, batch, stream);
+  return d_qk == 192 ? launch_mha_fwd_kernel<Element, 192>(params, m_blocks, h_q, batch, stream)
+                     : launch_mha_fwd_kernel<Element, 128>(params, m_blocks, h_q, batch, stream);
 }
 
 }  // namespace
 
 Status mha_prefill_forward(const MhaPrefillArgs& args, const core::MhaPrefillShape& shape,
-                           cudaStream_t stream, const MhaFwdTuning& tuning) {
+                           cudaStream_t stream) {
   if ((shape.d_qk != 192 && shape.d_qk != 128) || shape.d_v != 128) {
     return Status::NotImplemented(core::str_cat(
         kOp, ": the SM90 kernel runs d_qk 192 or 128 with d_v 128; got d_qk ", shape.d_qk,
@@ -143,13 +135,11 @@ Status mha_prefill_forward(const MhaPrefillArgs& args, const core::MhaPrefillSha
 
   const int m_blocks = static_cast<int>((shape.max_seqlen_q + kBlockM - 1) / kBlockM);
   const int h_q = static_cast<int>(shape.h_q), batch = static_cast<int>(shape.batch);
-  const bool pipelined = tuning.pipelined != 0;
   const int d_qk = static_cast<int>(shape.d_qk);
   const cudaError_t err =
       args.q.dtype == DType::kBF16
-          ? launch_for_order<cute::bfloat16_t>(pipelined, d_qk, params, m_blocks, h_q, batch,
-                                               stream)
-          : launch_for_order<cute::half_t>(pipelined, d_qk, params, m_blocks, h_q, batch, stream);
+          ? launch_for_dims<cute::bfloat16_t>(d_qk, params, m_blocks, h_q, batch, stream)
+          : launch_for_dims<cute::half_t>(d_qk, params, m_blocks, h_q, batch, stream);
   return cuda_error(kOp, "cudaLaunchKernelEx", err);
 }
 

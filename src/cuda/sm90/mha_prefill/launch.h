@@ -10,21 +10,15 @@
 
 namespace openmla::cuda::sm90 {
 
-// Which order of the compute loop runs (kernel.cuh): -1 the default (pipelined), 0 plain,
-// 1 pipelined. Tests and benchmarks force one; the library passes the default.
-struct MhaFwdTuning {
-  int pipelined = -1;
-};
-
 // Validated arguments on an SM90 device that is current: checks what the kernel's loads need
 // (16-byte aligned strides and bases of q, k, v, out), encodes the TMA maps and launches on
 // `stream`. Every failure names the argument.
 Status mha_prefill_forward(const MhaPrefillArgs& args, const core::MhaPrefillShape& shape,
-                           cudaStream_t stream, const MhaFwdTuning& tuning = {});
+                           cudaStream_t stream);
 
 // One instantiation's launch: grid (m_blocks, h_q, batch). Element is cute::bfloat16_t or
-// cute::half_t; kHeadDimQK 128 or 192 (d_v 128); kPipelined the loop's order.
-template <typename Element, int kHeadDimQK, bool kPipelined>
+// cute::half_t; kHeadDimQK 128 or 192 (d_v 128).
+template <typename Element, int kHeadDimQK>
 cudaError_t launch_mha_fwd_kernel(const MhaFwdParams& params, int m_blocks, int h_q, int batch,
                                   cudaStream_t stream);
 

@@ -1,13 +1,10 @@
-// One instantiation of the SM90 dense MHA prefill forward (kernel.cuh): bf16, d_qk 192, d_v 128,
-// both orders of the compute loop (plain and pipelined).
+// One instantiation of the SM90 dense MHA prefill forward (kernel.cuh): bf16, d_qk 192, d_v 128.
 #include "cuda/sm90/mha_prefill/kernel.cuh"
 #include "cuda/sm90/mha_prefill/launch.h"
 
 namespace openmla::cuda::sm90 {
 
-template cudaError_t launch_mha_fwd_kernel<cute::bfloat16_t, 192, false>(const MhaFwdParams&, int, int, int,
-                                                              cudaStream_t);
-template cudaError_t launch_mha_fwd_kernel<cute::bfloat16_t, 192, true>(const MhaFwdParams&, int, int, int,
-                                                             cudaStream_t);
+template cudaError_t launch_mha_fwd_kernel<cute::bfloat16_t, 192>(const MhaFwdParams&, int, int,
+                                                                    int, cudaStream_t);
 
 }  // namespace openmla::cuda::sm90
