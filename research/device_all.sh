@@ -18,8 +18,9 @@ run_b() {  # run_b NAME MAXSECONDS CMD...: runs CMD if at least 20 s are left, f
   note "$name rc=$? (limit ${t}s)"
 }
 export PYTHONUNBUFFERED=1  # rows printed so far survive a step's timeout
-run_b "mha fwd vs torch" 60 python3 bench/mha_prefill_vs_torch.py --quick --rounds 5 --json "$OUT/mha.json"
-run_b "fused bench" 120 python3 bench/fused_vs_unfused.py --rounds 10 --json "$OUT/fused.json"
+run_b "fused bench" 60 python3 bench/fused_vs_unfused.py --rounds 10 --json "$OUT/fused.json"
+run_b "fused ncu" 100 env PKG=build-device/pypkg SKIP_TESTS=1 SKIP_BWD=1 NCU_T=45 OUT="$OUT" bash research/device_probe.sh
+run_b "mha fwd vs torch" 90 python3 bench/mha_prefill_vs_torch.py --rounds 5 --json "$OUT/mha.json"
 run_b "mha bwd vs torch" 60 python3 bench/mha_prefill_backward_vs_torch.py --quick --json "$OUT/bwd.json"
 run_b "sparse bench" 100 python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared
 run_b "latency ab" 90 bash -c 'nvcc -std=c++20 -O2 -gencode=arch=compute_90a,code=sm_90a \
@@ -28,5 +29,5 @@ run_b "latency ab" 90 bash -c 'nvcc -std=c++20 -O2 -gencode=arch=compute_90a,cod
   build-device/libopenmla_cuda.a build-device/libopenmla.a -lcuda -Xcompiler -fopenmp \
   -o /tmp/latency_ab && /tmp/latency_ab'
 grep 'geometric mean' "$OUT/bench.txt" >> "$S"
-(cd "$OUT" && ls *.json >/dev/null 2>&1 && tar czf json.tgz *.json && rm -f *.json)
+(cd "$OUT" && ls *.json >/dev/null 2>&1 && tar czf json.tgz *.json ncu_*.txt 2>/dev/null; rm -f *.json ncu_*.txt)
 true

@@ -4,19 +4,20 @@
 #   OUT=/dir bash research/device_probe.sh
 set -u
 cd "$(dirname "$0")/.."
-[[ -d build/pypkg ]] || tar xJf build/devpack.tar.xz
+PKG=${PKG:-build/pypkg}
+[[ -d $PKG ]] || tar xJf build/devpack.tar.xz
 mkdir -p /tmp/peer && [[ -d /tmp/peer/flash_mla ]] || tar xJf .peers/flash_mla-*.tar.xz -C /tmp/peer
-export PYTHONPATH="$PWD/build/pypkg:/tmp/peer:$PWD/bench"
-timeout 120 build/tests/openmla_gpu_tests --gtest_brief=1 --gtest_filter='MhaPrefillGpu.*' > "$OUT/tests.txt" 2>&1
+export PYTHONPATH="$PWD/$PKG:/tmp/peer:$PWD/bench"
+[[ -n ${SKIP_TESTS:-} ]] || timeout 120 build/tests/openmla_gpu_tests --gtest_brief=1 --gtest_filter='MhaPrefillGpu.*' > "$OUT/tests.txt" 2>&1
 echo "mha gtests rc=$?" >> "$OUT/summary.txt"
 S="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis"
 for w in decode prefill; do
   X=""; [[ $w == decode ]] && X="--section SourceCounters"
-  timeout 150 ncu $S $X --kernel-name regex:sparse_decode_kernel --launch-skip 2 --launch-count 2 \
+  timeout ${NCU_T:-150} ncu $S $X --kernel-name regex:sparse_decode_kernel --launch-skip 2 --launch-count 2 \
     python3 research/fused_probe.py $w > "$OUT/ncu_$w.txt" 2>&1
   echo "$w rc=$?" >> "$OUT/summary.txt"
 done
-timeout 150 ncu $S --kernel-name regex:mha_bwd_main_kernel --launch-skip 1 --launch-count 1 \
+[[ -n ${SKIP_BWD:-} ]] || timeout 150 ncu $S --kernel-name regex:mha_bwd_main_kernel --launch-skip 1 --launch-count 1 \
   python3 research/fused_probe.py bwd > "$OUT/ncu_bwd.txt" 2>&1
 echo "bwd rc=$?" >> "$OUT/summary.txt"
 true
