@@ -12,6 +12,7 @@ export PYTHONPATH="$PWD/$PKG:/tmp/peer:$PWD/bench"
 echo "mha gtests rc=$?" >> "$OUT/summary.txt"
 S="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis"
 for w in decode prefill; do
+  timeout 60 python3 research/fused_probe.py $w trace >> "$OUT/summary.txt" 2>&1
   X=""; [[ $w == decode ]] && X="--section SourceCounters"
   timeout ${NCU_T:-150} ncu $S $X --kernel-name regex:sparse_decode_kernel --launch-skip 2 --launch-count 2 \
     python3 research/fused_probe.py $w > "$OUT/ncu_$w.txt" 2>&1

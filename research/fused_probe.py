@@ -2,7 +2,7 @@
 """Launches for ncu (research/device_probe.sh): the plain sparse attention and the fused V4.1
 op on the same tensors (bench/fused_vs_unfused.py's rows), each twice (warm-up, then the one to
 profile: ncu --launch-skip 2 --launch-count 2), or the MHA backward once after a warm-up.
-  python3 research/fused_probe.py decode|prefill|bwd
+  python3 research/fused_probe.py decode|prefill|bwd [trace]
 """
 import sys
 
@@ -17,6 +17,8 @@ from openmla.flash_mla import fused_norm_rope_attn_rope_cast as fused  # noqa: E
 gen = torch.Generator(device="cuda").manual_seed(1)
 cos_sin = F.build_cos_sin_cache(F.NUM_POSITIONS)
 what = sys.argv[1]
+trace = len(sys.argv) > 2 and sys.argv[2] == "trace"
+calls = []
 if what == "decode":
     setup = F.DecodeSetup("v4.1", 256, gen)
     h_q, b, s_q = 64, 256, 4
@@ -30,14 +32,14 @@ if what == "decode":
     sink = torch.randn(h_q, dtype=torch.float32, device="cuda", generator=gen)
     qn = F.q_prologue(q, cos_sin, pos, setup.norm)[0]
     meta, _ = omla.get_mla_metadata()
-    for _ in range(2):
-        omla.flash_mla_with_kvcache(
-            qn.view(t, 1, h_q, F.D), setup.cache, None, None, F.D, meta, softmax_scale=F.D**-0.5,
-            is_fp8_kvcache=True, indices=idx.view(t, 1, F.MAIN_TOPK), attn_sink=sink,
-            extra_k_cache=setup.extra, extra_indices_in_kvcache=eidx.view(t, 1, F.EXTRA_TOPK))
-        fused.decode(setup.norm, F.EPS, pos, False, F.ROPE, cos_sin, h_q // F.GROUP, 32, True,
-                     True, True, q, setup.cache, idx, F.D**-0.5, F.D, sink, None, setup.extra,
-                     eidx, None)
+    calls = [("plain", lambda: omla.flash_mla_with_kvcache(
+                 qn.view(t, 1, h_q, F.D), setup.cache, None, None, F.D, meta,
+                 softmax_scale=F.D**-0.5, is_fp8_kvcache=True,
+                 indices=idx.view(t, 1, F.MAIN_TOPK), attn_sink=sink, extra_k_cache=setup.extra,
+                 extra_indices_in_kvcache=eidx.view(t, 1, F.EXTRA_TOPK))),
+             ("fused", lambda: fused.decode(
+                 setup.norm, F.EPS, pos, False, F.ROPE, cos_sin, h_q // F.GROUP, 32, True, True,
+                 True, q, setup.cache, idx, F.D**-0.5, F.D, sink, None, setup.extra, eidx, None))]
 elif what == "prefill":
     h_q, s_q, s_kv, topk = 128, 4096, 32768, 640
     q = torch.randn(s_q, h_q, F.D, dtype=torch.bfloat16, device="cuda", generator=gen)
@@ -48,10 +50,11 @@ elif what == "prefill":
                         generator=gen)
     sink = torch.randn(h_q, dtype=torch.float32, device="cuda", generator=gen)
     qn = F.q_prologue(q, cos_sin, pos, False)[0]
-    for _ in range(2):
-        omla.flash_mla_sparse_fwd(qn, kv, idx, F.D**-0.5, F.D, attn_sink=sink)
-        fused.prefill(False, F.EPS, pos, False, F.ROPE, cos_sin, h_q // F.GROUP, 32, True, True,
-                      True, q, kv, idx, sm_scale=F.D**-0.5, attn_sink=sink)
+    calls = [("plain", lambda: omla.flash_mla_sparse_fwd(qn, kv, idx, F.D**-0.5, F.D,
+                                                         attn_sink=sink)),
+             ("fused", lambda: fused.prefill(False, F.EPS, pos, False, F.ROPE, cos_sin,
+                                             h_q // F.GROUP, 32, True, True, True, q, kv, idx,
+                                             sm_scale=F.D**-0.5, attn_sink=sink))]
 else:  # the MHA backward, h 16, d 128, 8192 x 2, non-causal
     h, s, b, d = 16, 8192, 2, 128
     q, k, v = (torch.randn(s * b, h, d, dtype=torch.bfloat16, device="cuda", generator=gen)
@@ -61,5 +64,19 @@ else:  # the MHA backward, h 16, d 128, 8192 x 2, non-causal
     dout = torch.randn_like(out)
     for _ in range(2):
         openmla.mha_prefill_backward(dout, q, k, v, out, lse, cu, cu, s, s)
+if calls and not trace:
+    for _ in range(2):
+        for _, c in calls:
+            c()
+elif calls:  # every kernel each call launches, with its time (torch.profiler)
+    for _, c in calls:
+        c()
+    torch.cuda.synchronize()
+    for name, c in calls:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            c()
+            torch.cuda.synchronize()
+        print(f"== {what} {name}")
+        print(prof.key_averages().table(row_limit=12, max_name_column_width=90))
 torch.cuda.synchronize()
 print(what, "done")
