@@ -28,16 +28,15 @@ step() {  # step NAME MAX LOG CMD...: CMD for at most MAX seconds (and what LIMI
   note "$name rc=$? (limit ${t}s) $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|passed|failed|geometric mean' "$OUT/$log" | tail -n 3 | tr '\n' ' ')"
 }
 export PYTHONUNBUFFERED=1  # rows printed so far survive a step's timeout
-OPENMLA_TEST_VERBOSE=1 step "gtests mha+fused" 170 tests.txt $T --gtest_brief=1 \
+OPENMLA_TEST_VERBOSE=1 step "gtests mha+fused" 150 tests.txt $T --gtest_brief=1 \
   --gtest_filter='MhaPrefill*:FusedAttention*'
-step "gtests sparse+dense" 200 tests.txt $T --gtest_brief=1 --gtest_filter='Sparse*:DenseDecode*:Merge*'
-step "memcheck" 150 sanitizer.txt compute-sanitizer --tool memcheck --error-exitcode 99 $T \
-  --gtest_brief=1 --gtest_filter='MhaPrefillGpu.Small*:MhaPrefillBackwardGpu.Small*:FusedAttentionSmall*:SparseDecodeSmall*:DenseDecodeSmall*'
-step "pytest gpu" 90 python.txt python3 -m pytest -q -o addopts="" -p no:cacheprovider \
-  tests/python/test_gpu_mha_prefill.py tests/python/test_gpu_mha_backward.py tests/python/test_gpu_fused.py
-step "mha fwd vs torch" 60 bench.txt python3 bench/mha_prefill_vs_torch.py --quick --rounds 5 --json "$OUT/mha.json"
-step "fused bench" 120 bench.txt python3 bench/fused_vs_unfused.py --rounds 10 --json "$OUT/fused.json"
-step "mha bwd vs torch" 60 bench.txt python3 bench/mha_prefill_backward_vs_torch.py --quick --json "$OUT/bwd.json"
-step "sparse bench" 100 bench.txt python3 bench/sparse_decode_vs_flashmla.py --rounds 8 --rows compared
-(cd "$OUT" && ls *.json >/dev/null 2>&1 && tar czf json.tgz *.json && rm -f *.json)
+step "fused bench" 45 bench.txt python3 bench/fused_vs_unfused.py --rounds 10 --json "$OUT/fused.json"
+step "memcheck" 80 sanitizer.txt compute-sanitizer --tool memcheck --error-exitcode 99 $T \
+  --gtest_brief=1 --gtest_filter='MhaPrefillGpu.Small*:FusedAttentionSmall*'
+step "pytest gpu" 70 python.txt python3 -m pytest -q -o addopts="" -p no:cacheprovider \
+  tests/python/test_gpu_mha_prefill.py tests/python/test_gpu_fused.py
+step "fused ncu" 90 env SKIP_TESTS=1 SKIP_BWD=1 NCU_T=40 OUT="$OUT" bash research/device_probe.sh
+step "gtests sparse+dense" 150 tests.txt $T --gtest_brief=1 --gtest_filter='Sparse*:DenseDecode*:Merge*'
+step "mha fwd vs torch" 90 bench.txt python3 bench/mha_prefill_vs_torch.py --rounds 5 --json "$OUT/mha.json"
+(cd "$OUT" && ls *.json >/dev/null 2>&1 && tar czf json.tgz *.json ncu_*.txt 2>/dev/null; rm -f *.json ncu_*.txt)
 true
