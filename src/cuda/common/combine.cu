@@ -95,7 +95,7 @@ __device__ __forceinline__ void fused_store(const sm90::SparseFusedParams& f, in
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     if (!live) continue;
     const int e = fused_scale_exponent(amax);
-    const float inv = fused_inv_scale(e);
+    const float inv = ldexpf(1.f, -e);
     const int dim0 = 256 * (slot0 / 32) + 8 * (slot0 % 32) + 32 * half;
     const FusedChunk dst = fused_chunk(f, token, h, dim0 / 32);
 #pragma unroll

@@ -78,7 +78,7 @@ __device__ __forceinline__ float fused_q_prefetch(const SparseDecodeParams& p, i
                                                   bool& bad) {
   bad = false;
   if constexpr (Traits::kFused) {
-    if (t < 64) return fused_cos_sin_value(p.fused, problem, t, bad);  // (kFused: fused calls only)
+    if (p.fused.on && t < 64) return fused_cos_sin_value(p.fused, problem, t, bad);
   }
   return 0.f;
 }
@@ -90,10 +90,12 @@ __device__ __forceinline__ void fused_q(const SparseDecodeParams& p,
                                         typename Traits::SharedStorage& smem, int t, float cs,
                                         bool bad) {
   if constexpr (Traits::kFused) {
-    if (t < 64) smem.fused_cs[t] = cs;
-    if (t == 0) smem.fused_bad = bad;
-    bar_sync(kBarFusedQ, 128);  // every thread's Q stores and the cos/sin row before reads
-    fused_q_rows<Traits>(p, smem, t);
+    if (p.fused.on) {
+      if (t < 64) smem.fused_cs[t] = cs;
+      if (t == 0) smem.fused_bad = bad;
+      bar_sync(kBarFusedQ, 128);  // every thread's Q stores and the cos/sin row before reads
+      fused_q_rows<Traits>(p, smem, t);
+    }
   }
 }
 

@@ -92,8 +92,8 @@ __device__ __forceinline__ void write_output(const SparseDecodeParams& p,
       for (int c = 0; c < size<1>(O); ++c) O(r, c) *= f;
     }
   }
-  if constexpr (Traits::kFused) {  // (launched for fused calls only: kernel.cuh)
-    if (single) {  // the fused op: O's RoPE, the e4m3 cast and its scales
+  if constexpr (Traits::kFused) {
+    if (single && p.fused.on) {  // the fused op: O's RoPE, the e4m3 cast and its scales
       fused_store_rows(p, wg, lane, O, cO_rc, rows, smem.fused_cs, smem.fused_bad != 0);
       return;
     }
@@ -120,11 +120,11 @@ __device__ __forceinline__ void write_output(const SparseDecodeParams& p,
     }
     return;
   }
-  if constexpr (!Traits::kFused) {  // bf16 out (a fused kernel's single split returned above)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const Row& w = rows[r];
-      if (!w.ok) continue;
+  for (int r = 0; r < 2; ++r) {
+    const Row& w = rows[r];
+    if (!w.ok) continue;
+    {
       char* out = static_cast<char*>(p.out) + (w.i * p.out_stride_b + w.j * p.out_stride_s +
                                                w.h * p.out_stride_h + wg * Traits::kVHalfDims) *
                                                   2;

@@ -19,21 +19,11 @@ namespace sparse_decode_detail {
 
 constexpr int kFusedRopeDim0 = 512 - 64;  // the first rotated output dim
 
-// The exponent e of a chunk's scale 2^e: ceil(log2(max(amax, 1e-4) / 448)) as the CPU backend
-// computes it (from the bits of the rounded quotient), without the division: with y = max(amax,
-// 1e-4) = m 2^E (m in [1, 2)), e = E - 8, plus 1 where m > 1.75 (448 = 1.75 2^8); rounding the
-// quotient never crosses a power of two (checked against the quotient's formula for every float
-// from 1e-4 to FLT_MAX). y = inf gives the quotient formula's 128.
+// The exponent e of a chunk's scale 2^e: ceil(log2(max(amax, 1e-4) / 448)), from the quotient's
+// bits (exact: the CPU backend's scale_exponent).
 __device__ __forceinline__ int fused_scale_exponent(float amax) {
-  const uint32_t b = __float_as_uint(fmaxf(amax, 1e-4f));
-  if (b >= 0x7F800000u) return 128;
-  return static_cast<int>(b >> 23) - 135 + ((b & 0x7FFFFFu) > 0x600000u ? 1 : 0);
-}
-
-// 2^-e for a chunk's exponent (e in [-22, 120] for finite values; 128: 2^-128, a denormal).
-__device__ __forceinline__ float fused_inv_scale(int e) {
-  return e > 126 ? __uint_as_float(0x00200000u)
-                 : __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+  const float sf = fmaxf(amax, 1e-4f) / 448.f;
+  return static_cast<int>((__float_as_uint(sf) - 1u) >> 23) + 1 - 127;
 }
 
 // Two values as e4m3 (x in the low byte), after the scale 2^-e; + 0 makes a -0 a +0.
@@ -69,14 +59,10 @@ __device__ __forceinline__ FusedChunk fused_chunk(const SparseFusedParams& f, in
 
 // The kernel's epilogue: warpgroup wg's half of d_v (dims 256 wg ..) of its two rows, O already
 // normalised (and the sink applied). O(r, c) is column cO_rc(r, c): wgmma's accumulator keeps
-// columns 8 j + 2 (lane % 4) + {0, 1} at c = 2 j + {0, 1}, so c / 8 is the 32-dim chunk q (of the
-// warpgroup's 8) and a chunk's 32 values sit in the 4 lanes of a quad, lane k's pairs at bytes
-// 8 jj + 2 k of the chunk (jj = 0..3). Every lane of the warp calls this.
+// columns 8 j + 2 (lane % 4) + {0, 1} at c = 2 j + {0, 1}, so c / 8 is the 32-dim chunk and a
+// chunk's 32 values sit in the 4 lanes of a quad. Every lane of the warp calls this.
 // cs: the token's cos/sin row in shared memory (fused_q.cuh; WG0 wrote it before the loop);
 // bad: its position is outside the cache (0x7F bytes, 0xFF scales).
-// Code size is what this costs (it runs once a CTA, from a cold instruction cache): each row's
-// addresses are computed once, and a chunk is 8 max, 2 shuffles, integer ops for its scale, 4
-// conversions and 4 stores at immediate offsets.
 template <class A_O, class A_cO_rc, class A_Row>
 __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, int wg, int lane,
                                                  A_O& O, A_cO_rc& cO_rc, const A_Row (&rows)[2],
@@ -85,8 +71,6 @@ __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, in
   const SparseFusedParams& f = p.fused;
   constexpr int kCols = decltype(size<1>(O))::value;  // 64: 8 chunks of 8
   static_assert(kCols == 64, "a warpgroup's 256 dims a row over a quad");
-  const int64_t chunk_bytes = static_cast<int64_t>(f.group_size) * 32;  // chunk c to c + 1
-  const int64_t k_bytes = 4 * f.sf_stride_k;  // out_sf's int32 k to k + 1
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const auto& w = rows[r];
@@ -97,15 +81,6 @@ __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, in
         fused_unrotate(cs[i], cs[32 + i], O(r, c), O(r, c + 1));
       }
     }
-    // Head h = g G + hg: chunk ci of the head is chunk ci G + hg of group g's row.
-    const int g = w.h / f.group_size, hg = w.h - g * f.group_size;
-    const int ci0 = 8 * wg;  // the warpgroup's first chunk of the head
-    uint8_t* bytes = f.out_fp8 + static_cast<int64_t>(w.i) * f.out_stride_s +
-                     static_cast<int64_t>(g) * f.out_stride_g + hg * 32 + ci0 * chunk_bytes +
-                     2 * (lane % 4);
-    uint8_t* scales = reinterpret_cast<uint8_t*>(
-        f.out_sf + static_cast<int64_t>(w.i) * f.sf_stride_s + static_cast<int64_t>(g) * f.sf_stride_g);
-    const int chunk0 = ci0 * f.group_size + hg;
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       float amax = 0.f;
@@ -114,17 +89,16 @@ __device__ __forceinline__ void fused_store_rows(const SparseDecodeParams& p, in
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
       if (!w.ok) continue;
-      const int e = bad ? 128 : fused_scale_exponent(amax);
-      const float inv = fused_inv_scale(e);
-      uint8_t* dst = bytes + q * chunk_bytes;
+      const int e = fused_scale_exponent(amax);
+      const float inv = ldexpf(1.f, -e);
+      const FusedChunk dst = fused_chunk(f, w.i, w.h, 8 * wg + get<1>(cO_rc(r, 8 * q)) / 32);
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int c = 8 * q + 2 * jj;
-        *reinterpret_cast<uint16_t*>(dst + 8 * jj) =
+      for (int c = 8 * q; c < 8 * q + 8; c += 2) {
+        const int col = get<1>(cO_rc(r, c)) % 32;
+        *reinterpret_cast<uint16_t*>(dst.bytes + col) =
             bad ? uint16_t{0x7F7F} : fused_e4m3x2(O(r, c), O(r, c + 1), inv);
       }
-      const int chunk = chunk0 + q * f.group_size;
-      if (lane % 4 == 0) scales[(chunk >> 2) * k_bytes + (chunk & 3)] = static_cast<uint8_t>(e + 127);
+      if (lane % 4 == 0) *dst.scale = bad ? uint8_t{0xFF} : static_cast<uint8_t>(e + 127);
     }
   }
 }

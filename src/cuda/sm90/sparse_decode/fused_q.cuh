@@ -52,7 +52,7 @@ __device__ __forceinline__ void fused_q_rows(const SparseDecodeParams& p,
   float r = 1.f;
   if (f.q_norm) {
     float ss = 0.f;
-#pragma unroll 1  // (once a CTA: a loop, not 4 copies, for the cold instruction cache)
+#pragma unroll
     for (int pc = 0; pc < 4; ++pc) {
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
@@ -72,7 +72,7 @@ __device__ __forceinline__ void fused_q_rows(const SparseDecodeParams& p,
   // The RoPE piece (half 1's last): pair i of the 64 dims turns by cos_sin[pos][i], [32 + i].
   const float* cs = smem.fused_cs;
   if (!f.q_norm && half == 0) return;  // nothing to change in pieces 0 - 3
-#pragma unroll 1
+#pragma unroll
   for (int pc = 0; pc < 4; ++pc) {
     const bool rope = half == 1 && pc == 3;
     if (!f.q_norm && !rope) continue;
